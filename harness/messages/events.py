@@ -1,0 +1,81 @@
+"""The event envelope and the event types.
+
+Every state change is an event. A durable event is appended to the ledger's ``events``
+table with a ``seq`` and applied to the projections in the same transaction; subscribers
+hear of it only after the commit. An ephemeral event (streaming deltas, live status) has
+``seq = None`` and is published without being stored.
+
+The envelope is a slotted dataclass rather than a pydantic model: a step publishes a
+handful of events and this keeps the hot path free of validation we do not need (the
+payloads were validated when their models were built).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+EventType = Literal[
+    # durable: each one is applied to a projection table (see storage/projections.py)
+    "session.created",
+    "session.updated",
+    "session.deleted",
+    "message.created",
+    "message.updated",
+    "part.created",
+    "part.updated",
+    "inbox.added",
+    "inbox.taken",
+    "approval.added",
+    # durable, log only: the record of why things happened
+    "permission.asked",
+    "permission.replied",
+    "permission.decided",
+    "turn.started",
+    "turn.finished",
+    # ephemeral: published live, never stored
+    "part.delta",
+    "session.retry",
+    "feed.overflow",
+]
+
+EPHEMERAL_TYPES: Final = frozenset({"part.delta", "session.retry", "feed.overflow"})
+
+
+@dataclass(slots=True, frozen=True)
+class NewEvent:
+    """An event not yet committed: the writer gives it a ``seq`` and a timestamp."""
+
+    type: EventType
+    session_id: str
+    data: dict[str, Any]
+
+
+@dataclass(slots=True, frozen=True)
+class Event:
+    seq: int | None
+    ts: float
+    type: EventType
+    session_id: str
+    data: dict[str, Any]
+
+    @property
+    def durable(self) -> bool:
+        return self.seq is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "ts": self.ts,
+            "type": self.type,
+            "session_id": self.session_id,
+            "data": self.data,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False)
+
+
+# Why a turn ended: the run's stop reason (DESIGN §1, rule 3).
+StopReason = Literal["answered", "max_steps", "doom_loop", "denied", "error", "cancelled"]

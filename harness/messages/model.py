@@ -1,0 +1,220 @@
+"""The data model of DESIGN §5 (contract): Session, Message, Part and ToolState.
+
+The ledger stores these as JSON and the API speaks them, so field names are part of the
+contract. Everything is a plain pydantic model with no behaviour: the actors own the rules.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SessionStatus = Literal["idle", "busy", "retry", "error"]
+Delivery = Literal["queue", "steer"]
+PermissionAction = Literal["allow", "deny", "ask"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Rule(_Model):
+    """One permission rule; the last matching rule of a ruleset wins (DESIGN §8)."""
+
+    permission: str
+    pattern: str = "*"
+    action: PermissionAction
+
+
+class Tokens(_Model):
+    input: int = 0
+    output: int = 0
+    reasoning: int = 0
+    cache_read: int = 0
+    cache_write: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.input + self.output + self.reasoning + self.cache_read + self.cache_write
+
+    def plus(self, other: Tokens) -> Tokens:
+        return Tokens(
+            input=self.input + other.input,
+            output=self.output + other.output,
+            reasoning=self.reasoning + other.reasoning,
+            cache_read=self.cache_read + other.cache_read,
+            cache_write=self.cache_write + other.cache_write,
+        )
+
+
+class Session(_Model):
+    id: str
+    parent_id: str | None = None
+    title: str = ""
+    directory: str
+    agent: str = "build"
+    model: str
+    status: SessionStatus = "idle"
+    permission: list[Rule] = Field(default_factory=list)
+    created: float
+    updated: float
+    tokens: Tokens = Field(default_factory=Tokens)
+    cost: float = 0.0
+    error: str | None = None
+
+
+class UserMessage(_Model):
+    role: Literal["user"] = "user"
+    id: str
+    session_id: str
+    agent: str
+    model: str
+    delivery: Delivery = "queue"
+    created: float
+
+
+class AssistantMessage(_Model):
+    role: Literal["assistant"] = "assistant"
+    id: str
+    session_id: str
+    parent_id: str
+    agent: str
+    model: str
+    step: int
+    finish: str | None = None
+    error: str | None = None
+    tokens: Tokens = Field(default_factory=Tokens)
+    cost: float = 0.0
+    created: float
+    completed: float | None = None
+
+
+Message = Annotated[UserMessage | AssistantMessage, Field(discriminator="role")]
+
+
+# --- tool states -------------------------------------------------------------------------
+
+
+class ToolPending(_Model):
+    status: Literal["pending"] = "pending"
+    input: dict[str, Any] = Field(default_factory=dict)
+    raw: str = ""
+
+
+class ToolRunning(_Model):
+    status: Literal["running"] = "running"
+    input: dict[str, Any]
+    title: str = ""
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    start: float
+
+
+class ToolCompleted(_Model):
+    status: Literal["completed"] = "completed"
+    input: dict[str, Any]
+    output: str
+    title: str = ""
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    start: float
+    end: float
+
+
+class ToolError(_Model):
+    status: Literal["error"] = "error"
+    input: dict[str, Any] = Field(default_factory=dict)
+    error: str
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    start: float
+    end: float
+
+
+ToolState = Annotated[
+    ToolPending | ToolRunning | ToolCompleted | ToolError, Field(discriminator="status")
+]
+
+
+# --- parts -------------------------------------------------------------------------------
+
+
+class _PartBase(_Model):
+    id: str
+    session_id: str
+    message_id: str
+
+
+class TextPart(_PartBase):
+    type: Literal["text"] = "text"
+    text: str
+    synthetic: bool = False
+    start: float | None = None
+    end: float | None = None
+
+
+class ReasoningPart(_PartBase):
+    type: Literal["reasoning"] = "reasoning"
+    text: str
+    start: float | None = None
+    end: float | None = None
+
+
+class ToolPart(_PartBase):
+    type: Literal["tool"] = "tool"
+    call_id: str
+    tool: str
+    state: ToolState
+
+
+class StepStartPart(_PartBase):
+    type: Literal["step-start"] = "step-start"
+    step: int
+
+
+class StepFinishPart(_PartBase):
+    type: Literal["step-finish"] = "step-finish"
+    reason: str
+    tokens: Tokens = Field(default_factory=Tokens)
+    cost: float = 0.0
+
+
+class FilePart(_PartBase):
+    type: Literal["file"] = "file"
+    path: str
+    mime: str = "text/plain"
+
+
+class PatchPart(_PartBase):
+    type: Literal["patch"] = "patch"
+    files: list[str]
+
+
+class CompactionPart(_PartBase):
+    type: Literal["compaction"] = "compaction"
+    summary: str
+
+
+class SubtaskPart(_PartBase):
+    type: Literal["subtask"] = "subtask"
+    child_session_id: str
+    description: str
+
+
+Part = Annotated[
+    TextPart
+    | ReasoningPart
+    | ToolPart
+    | StepStartPart
+    | StepFinishPart
+    | FilePart
+    | PatchPart
+    | CompactionPart
+    | SubtaskPart,
+    Field(discriminator="type"),
+]
+
+
+class MessageWithParts(_Model):
+    """A message and its parts in order: what ``messages(session)`` answers."""
+
+    info: Message
+    parts: list[Part]

@@ -1,0 +1,81 @@
+"""The tool contract (DESIGN §7).
+
+A tool is a pydantic parameter model (its JSON schema is what the model sees), a pure
+``permissions`` method that says what must be allowed before anything happens, and an
+``execute`` coroutine that does the work inside the caller's cancel scope.
+
+The ToolExecutor owns the path every call takes: validate the arguments, ask for each
+``PermissionNeed``, execute, truncate the output. A tool never asks for permission
+itself, so an unapproved command can never start a process.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+
+class ToolParams(BaseModel):
+    """Base of every tool's parameter model: unknown arguments are an error the model sees."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+P = TypeVar("P", bound=ToolParams)
+
+
+@dataclass(slots=True, frozen=True)
+class PermissionNeed:
+    """One thing a call needs allowed.
+
+    ``pattern`` is what rules are matched against (a path, a command); ``always`` is the
+    pattern stored when the user answers "always" (a directory glob, a command prefix).
+    """
+
+    permission: str
+    pattern: str
+    always: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True, frozen=True)
+class ToolContext:
+    session_id: str
+    message_id: str
+    call_id: str
+    directory: Path  # the session's working directory, already resolved
+    output_dir: Path  # where truncated outputs are saved in full ($HARNESS_HOME/tool-output)
+
+
+@dataclass(slots=True)
+class ToolOutput:
+    output: str
+    title: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class ToolFailure(Exception):
+    """An expected failure (file not found, no match): the model sees ``str(error)``."""
+
+
+class Tool(ABC, Generic[P]):
+    name: ClassVar[str]
+    description: ClassVar[str]
+    params: type[P]
+    # Read-only, idempotent tools may be re-run after a crash (DESIGN §3 Supervision).
+    read_only: ClassVar[bool] = False
+
+    def permissions(self, args: P, ctx: ToolContext) -> list[PermissionNeed]:
+        """What must be allowed, in order, before ``execute`` runs. No side effects."""
+        return []
+
+    def title(self, args: P) -> str:
+        """A short human label for progress lines: ``read package.json``."""
+        return self.name
+
+    @abstractmethod
+    async def execute(self, args: P, ctx: ToolContext) -> ToolOutput: ...
