@@ -79,3 +79,21 @@ class Event:
 
 # Why a turn ended: the run's stop reason (DESIGN §1, rule 3).
 StopReason = Literal["answered", "max_steps", "doom_loop", "denied", "error", "cancelled"]
+
+
+@dataclass(slots=True, frozen=True)
+class TurnResult:
+    """How a turn ended: what ``Harness.run`` answers and ``turn.finished`` records."""
+
+    message_id: str  # the user message that started the turn
+    reason: StopReason
+    answer: str = ""
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "message_id": self.message_id,
+            "reason": self.reason,
+            "answer": self.answer,
+            "error": self.error,
+        }

@@ -218,3 +218,19 @@ class MessageWithParts(_Model):
 
     info: Message
     parts: list[Part]
+
+
+class InboxItem(_Model):
+    """User input that is durable but not yet taken by the loop (DESIGN §4 ``inbox``).
+
+    ``id`` is the id the user message will have once taken, so a client-supplied id makes
+    a prompt idempotent.
+    """
+
+    id: str
+    session_id: str
+    text: str
+    delivery: Delivery = "queue"
+    agent: str | None = None
+    model: str | None = None
+    created: float

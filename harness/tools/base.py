@@ -18,6 +18,18 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from harness.messages.permission import PermissionNeed
+
+__all__ = [
+    "P",
+    "PermissionNeed",
+    "Tool",
+    "ToolContext",
+    "ToolFailure",
+    "ToolOutput",
+    "ToolParams",
+]
+
 
 class ToolParams(BaseModel):
     """Base of every tool's parameter model: unknown arguments are an error the model sees."""
@@ -26,20 +38,6 @@ class ToolParams(BaseModel):
 
 
 P = TypeVar("P", bound=ToolParams)
-
-
-@dataclass(slots=True, frozen=True)
-class PermissionNeed:
-    """One thing a call needs allowed.
-
-    ``pattern`` is what rules are matched against (a path, a command); ``always`` is the
-    pattern stored when the user answers "always" (a directory glob, a command prefix).
-    """
-
-    permission: str
-    pattern: str
-    always: str
-    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True, frozen=True)

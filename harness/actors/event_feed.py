@@ -1,0 +1,110 @@
+"""EventFeed: fans committed (and ephemeral) events out to subscribers.
+
+Each subscriber has a bounded buffer. Publishing never waits for a subscriber: one that
+falls behind is cut off (its channel closed after a final ``feed.overflow`` event when
+there is room for it, and ``Subscription`` readers see the end of the stream). A slow
+reader can then resume from the ledger with the last ``seq`` it saw, while the sessions
+producing events never slow down for it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import structlog
+import trio
+
+from harness.messages.events import Event
+from harness.messages.mailbox import (
+    FeedMessage,
+    Publish,
+    Subscribe,
+    Subscription,
+    Unsubscribe,
+)
+
+log = structlog.get_logger("harness.feed")
+
+
+class _Subscriber:
+    __slots__ = ("id", "send", "session_id")
+
+    def __init__(
+        self, id: int, session_id: str | None, send: trio.MemorySendChannel[Event]
+    ) -> None:
+        self.id = id
+        self.session_id = session_id
+        self.send = send
+
+
+class EventFeed:
+    def __init__(self) -> None:
+        self.mailbox, self._receive = trio.open_memory_channel[FeedMessage](1024)
+        self._subscribers: dict[int, _Subscriber] = {}
+        self._next_id = 0
+        self._root_of: dict[str, str] = {}  # child session -> every ancestor, via parents
+        self._parent_of: dict[str, str] = {}
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        try:
+            async with self._receive:
+                async for message in self._receive:
+                    self._handle(message)
+        finally:
+            for subscriber in self._subscribers.values():
+                subscriber.send.close()
+            self._subscribers.clear()
+
+    def _handle(self, message: FeedMessage) -> None:
+        if isinstance(message, Publish):
+            for event in message.events:
+                self._fan_out(event)
+        elif isinstance(message, Subscribe):
+            self._next_id += 1
+            send, receive = trio.open_memory_channel[Event](message.buffer)
+            self._subscribers[self._next_id] = _Subscriber(self._next_id, message.session_id, send)
+            message.reply.send_nowait(Subscription(self._next_id, receive))
+        elif isinstance(message, Unsubscribe):
+            subscriber = self._subscribers.pop(message.subscription_id, None)
+            if subscriber is not None:
+                subscriber.send.close()
+        else:
+            self._parent_of[message.child_id] = message.parent_id
+
+    def _belongs(self, event_session: str, wanted: str) -> bool:
+        session: str | None = event_session
+        while session is not None:
+            if session == wanted:
+                return True
+            session = self._parent_of.get(session)
+        return False
+
+    def _fan_out(self, event: Event) -> None:
+        dropped: list[int] = []
+        for subscriber in self._subscribers.values():
+            if subscriber.session_id is not None and not self._belongs(
+                event.session_id, subscriber.session_id
+            ):
+                continue
+            try:
+                subscriber.send.send_nowait(event)
+            except trio.WouldBlock:
+                dropped.append(subscriber.id)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                dropped.append(subscriber.id)
+        for subscriber_id in dropped:
+            subscriber = self._subscribers.pop(subscriber_id)
+            log.warning("subscriber cut off", subscription=subscriber_id)
+            subscriber.send.close()
+
+
+def overflow_event(session_id: str, last_seq: int | None) -> Event:
+    """The event a reader shows when its subscription was cut off for falling behind."""
+    return Event(
+        None,
+        time.time(),
+        "feed.overflow",
+        session_id,
+        {"message": "subscriber fell behind; resume from the ledger", "last_seq": last_seq},
+    )

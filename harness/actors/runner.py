@@ -1,0 +1,387 @@
+"""Runner: the loop of DESIGN §1, one step at a time, for one turn of one session.
+
+Every step starts by reading the ledger (``History.sync``) and decides from it alone
+whether the turn is answered; the runner's own variables only carry a step's streaming
+state. So a runner started on a ledger left by a killed process picks up exactly where
+the ledger says the turn was.
+
+A step: record an assistant message → stream the model's reply into parts → hand the
+tool calls to the ToolExecutor (which records their results) → decide. The turn ends
+when the last assistant message is finished with no tool call left for the model to
+see, or on a limit, a denial, an error or a cancel — each recorded as the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import structlog
+import trio
+
+from harness.history import History, text_of
+from harness.messages import ids
+from harness.messages.events import Event, NewEvent, StopReason, TurnResult
+from harness.messages.mailbox import CallOutcome, ExecuteCalls, FeedMessage, PlannedCall, Publish
+from harness.messages.model import (
+    AssistantMessage,
+    Part,
+    ReasoningPart,
+    Session,
+    StepFinishPart,
+    StepStartPart,
+    TextPart,
+    Tokens,
+    ToolPart,
+    ToolPending,
+)
+from harness.messages.provider import (
+    Finish,
+    ProviderRequest,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallEvent,
+    ToolSpec,
+)
+from harness.providers.base import Provider
+from harness.providers.errors import ProviderError
+from harness.providers.retry import RetryNotice, RetryPolicy, stream_with_retries
+
+log = structlog.get_logger("harness.runner")
+
+MAX_STEPS_PROMPT = (
+    "MAXIMUM STEPS REACHED. You have used every step this task was allowed, so tools are "
+    "disabled now. Do not call any tool. Answer with text only: say that the step limit "
+    "was reached, summarise what was done, list what remains, and recommend next steps."
+)
+STEP_LIMIT_REFUSAL = "tools are disabled: the step limit was reached; answer with text only"
+DOOM_LOOP_THRESHOLD = 3
+TEXT_FLUSH_SECONDS = 1.0
+
+UsageSink = Callable[[Tokens, float], None]
+RetrySink = Callable[[RetryNotice], Awaitable[None]]
+
+
+def environment_block(directory: str) -> str:
+    return (
+        "<environment>\n"
+        f"Working directory: {directory}\n"
+        f"Platform: {platform.system().lower()}\n"
+        f"Today's date: {time.strftime('%Y-%m-%d')}\n"
+        "</environment>"
+    )
+
+
+def _canonical(arguments: str) -> str:
+    try:
+        return json.dumps(json.loads(arguments), sort_keys=True, separators=(",", ":"))
+    except json.JSONDecodeError:
+        return arguments
+
+
+@dataclass(slots=True)
+class _Stream:
+    """What one step has streamed so far: the parts still open and the calls made."""
+
+    message: AssistantMessage
+    text: TextPart | None = None
+    text_buffer: list[str] = field(default_factory=list)
+    reasoning: ReasoningPart | None = None
+    reasoning_buffer: list[str] = field(default_factory=list)
+    calls: list[PlannedCall] = field(default_factory=list)
+    finish: Finish | None = None
+    last_flush: float = 0.0
+
+
+class Runner:
+    def __init__(
+        self,
+        *,
+        session: Session,
+        model_name: str,
+        provider: Provider,
+        system: Sequence[str],
+        tool_specs: Sequence[ToolSpec],
+        max_steps: int | None,
+        ledger_history: History,
+        ledger_post: Callable[[Sequence[NewEvent]], None],
+        ledger_flush: Callable[[], Awaitable[None]],
+        take_steered: Callable[[], Awaitable[None]],
+        executor: trio.MemorySendChannel[ExecuteCalls],
+        feed: trio.MemorySendChannel[FeedMessage],
+        on_usage: UsageSink,
+        on_retry: RetrySink,
+        retry_policy: RetryPolicy,
+    ) -> None:
+        self.session = session
+        self._model_name = model_name
+        self._provider = provider
+        self._system = tuple(system)
+        self._tool_specs = tuple(tool_specs)
+        self._max_steps = max_steps
+        self._history = ledger_history
+        self._post = ledger_post
+        self._flush = ledger_flush
+        self._take_steered = take_steered
+        self._executor = executor
+        self._feed = feed
+        self._on_usage = on_usage
+        self._on_retry = on_retry
+        self._retry_policy = retry_policy
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    async def run_turn(self, user_message_id: str) -> TurnResult:
+        history = self._history
+        while True:
+            await self._take_steered()
+            await self._flush()
+            history.sync()
+            answer = self._answer_if_done(user_message_id)
+            if answer is not None:
+                return TurnResult(user_message_id, "answered", answer)
+            step = len(history.turn_steps(user_message_id)) + 1
+            last_step = self._max_steps is not None and step >= self._max_steps
+            stop, error = await self._step(user_message_id, step, last_step)
+            if stop is None and last_step:
+                stop = "max_steps"
+            if stop is not None:
+                await self._flush()
+                history.sync()
+                return TurnResult(user_message_id, stop, self._last_text(user_message_id), error)
+
+    def _answer_if_done(self, user_message_id: str) -> str | None:
+        """The final answer when the ledger shows the turn finished, else None."""
+        last = self._history.last_message()
+        if not isinstance(last, AssistantMessage) or last.parent_id != user_message_id:
+            return None
+        if last.finish is None or last.finish == "tool_calls" or last.error is not None:
+            return None
+        parts = self._history.parts_of(last.id)
+        if any(isinstance(p, ToolPart) for p in parts):
+            return None  # the model has not seen these results yet
+        return text_of(parts)
+
+    def _last_text(self, user_message_id: str) -> str:
+        steps = self._history.turn_steps(user_message_id)
+        for step in reversed(steps):
+            text = text_of(self._history.parts_of(step.id))
+            if text:
+                return text
+        return ""
+
+    # --- one step ---------------------------------------------------------------------------
+
+    async def _step(
+        self, user_message_id: str, step: int, last_step: bool
+    ) -> tuple[StopReason | None, str | None]:
+        session = self.session
+        message = AssistantMessage(
+            id=ids.message_id(),
+            session_id=session.id,
+            parent_id=user_message_id,
+            agent=session.agent,
+            model=session.model,
+            step=step,
+            created=time.time(),
+        )
+        start = StepStartPart(
+            id=ids.part_id(), session_id=session.id, message_id=message.id, step=step
+        )
+        self._post(
+            [
+                NewEvent("message.created", session.id, message.model_dump(mode="json")),
+                NewEvent("part.created", session.id, start.model_dump(mode="json")),
+            ]
+        )
+        structlog.contextvars.bind_contextvars(step=step, message_id=message.id)
+        request = ProviderRequest(
+            model=self._model_name,
+            system=self._system + ((MAX_STEPS_PROMPT,) if last_step else ()),
+            messages=tuple(self._history.chat()),
+            tools=() if last_step else self._tool_specs,
+            tool_choice="none" if last_step else "auto",
+            session_id=session.id,
+            step=step,
+        )
+        log.info("step started", messages=len(request.messages))
+        state = _Stream(message)
+        try:
+            async with stream_with_retries(
+                self._provider, request, policy=self._retry_policy, on_retry=self._on_retry
+            ) as events:
+                async for event in events:
+                    if isinstance(event, TextDelta):
+                        await self._text(state, event.text)
+                    elif isinstance(event, ReasoningDelta):
+                        await self._reasoning(state, event.text)
+                    elif isinstance(event, ToolCallEvent):
+                        self._tool_call(state, event, user_message_id, last_step)
+                    elif isinstance(event, Finish):
+                        state.finish = event
+        except ProviderError as error:
+            self._close_stream_parts(state)
+            self._finish_message(state, error=str(error))
+            log.warning("provider error", error=str(error))
+            return "error", str(error)
+        finally:
+            # On a cancel, keep what was streamed: the partial text is part of the record.
+            if state.finish is None:
+                self._close_stream_parts(state)
+        if state.finish is None:
+            error_text = "the model's reply ended without a finish reason"
+            self._finish_message(state, error=error_text)
+            return "error", error_text
+        self._close_stream_parts(state)
+        self._finish_message(state)
+        if not state.calls:
+            return None, None
+        outcomes = await self._execute(message.id, state.calls)
+        for outcome in outcomes:
+            if outcome.stop is not None:
+                return outcome.stop, None
+        return None, None
+
+    async def _execute(self, message_id: str, calls: list[PlannedCall]) -> list[CallOutcome]:
+        reply_send, reply_receive = trio.open_memory_channel[list[CallOutcome]](1)
+        await self._executor.send(ExecuteCalls(message_id, calls, reply_send))
+        return await reply_receive.receive()
+
+    # --- streaming into parts ---------------------------------------------------------------
+
+    async def _publish_delta(self, part_id: str, field_name: str, delta: str) -> None:
+        event = Event(
+            None,
+            time.time(),
+            "part.delta",
+            self.session.id,
+            {"part_id": part_id, "field": field_name, "delta": delta},
+        )
+        await self._feed.send(Publish((event,)))
+
+    async def _text(self, state: _Stream, delta: str) -> None:
+        if state.text is None:
+            state.text = TextPart(
+                id=ids.part_id(),
+                session_id=self.session.id,
+                message_id=state.message.id,
+                text="",
+                start=time.time(),
+            )
+            state.last_flush = time.monotonic()
+            self._post_part(state.text, "part.created")
+        state.text_buffer.append(delta)
+        await self._publish_delta(state.text.id, "text", delta)
+        if time.monotonic() - state.last_flush > TEXT_FLUSH_SECONDS:
+            # Bound what a crash can lose of a long reply to one flush interval.
+            state.last_flush = time.monotonic()
+            self._post_part(state.text.model_copy(update={"text": "".join(state.text_buffer)}))
+
+    async def _reasoning(self, state: _Stream, delta: str) -> None:
+        if state.reasoning is None:
+            state.reasoning = ReasoningPart(
+                id=ids.part_id(),
+                session_id=self.session.id,
+                message_id=state.message.id,
+                text="",
+                start=time.time(),
+            )
+            self._post_part(state.reasoning, "part.created")
+        state.reasoning_buffer.append(delta)
+        await self._publish_delta(state.reasoning.id, "reasoning", delta)
+
+    def _tool_call(
+        self, state: _Stream, event: ToolCallEvent, user_message_id: str, last_step: bool
+    ) -> None:
+        try:
+            parsed = json.loads(event.arguments) if event.arguments.strip() else {}
+        except json.JSONDecodeError:
+            parsed = None
+        part = ToolPart(
+            id=ids.part_id(),
+            session_id=self.session.id,
+            message_id=state.message.id,
+            call_id=event.id or ids.call_id(),
+            tool=event.name,
+            state=ToolPending(
+                input=parsed if isinstance(parsed, dict) else {}, raw=event.arguments
+            ),
+        )
+        self._post_part(part, "part.created")
+        state.calls.append(
+            PlannedCall(
+                part_id=part.id,
+                call_id=part.call_id,
+                tool=event.name,
+                arguments=event.arguments,
+                doom_loop=self._repeats(state, event, user_message_id),
+                refusal=STEP_LIMIT_REFUSAL if last_step else None,
+            )
+        )
+
+    def _repeats(self, state: _Stream, event: ToolCallEvent, user_message_id: str) -> bool:
+        """True when this call would be the third identical one in a row."""
+        wanted = DOOM_LOOP_THRESHOLD - 1
+        previous = [(c.tool, _canonical(c.arguments)) for c in state.calls][-wanted:]
+        if len(previous) < wanted:
+            earlier = self._history.recent_tool_calls(user_message_id, wanted - len(previous))
+            previous = [
+                (p.tool, json.dumps(p.state.input, sort_keys=True, separators=(",", ":")))
+                for p in earlier
+            ] + previous
+        this = (event.name, _canonical(event.arguments))
+        return len(previous) == wanted and all(p == this for p in previous)
+
+    def _post_part(
+        self, part: Part, kind: Literal["part.created", "part.updated"] = "part.updated"
+    ) -> None:
+        self._post([NewEvent(kind, self.session.id, part.model_dump(mode="json"))])
+
+    def _close_stream_parts(self, state: _Stream) -> None:
+        now = time.time()
+        if state.text is not None:
+            self._post_part(
+                state.text.model_copy(update={"text": "".join(state.text_buffer), "end": now})
+            )
+            state.text = None
+        if state.reasoning is not None:
+            self._post_part(
+                state.reasoning.model_copy(
+                    update={"text": "".join(state.reasoning_buffer), "end": now}
+                )
+            )
+            state.reasoning = None
+
+    def _finish_message(self, state: _Stream, *, error: str | None = None) -> None:
+        finish = state.finish
+        tokens = finish.usage if finish else Tokens()
+        cost = finish.cost if finish else 0.0
+        reason = finish.reason if finish else "error"
+        message = state.message.model_copy(
+            update={
+                "finish": None if error else reason,
+                "error": error,
+                "tokens": tokens,
+                "cost": cost,
+                "completed": time.time(),
+            }
+        )
+        done = StepFinishPart(
+            id=ids.part_id(),
+            session_id=self.session.id,
+            message_id=message.id,
+            reason=reason if not error else "error",
+            tokens=tokens,
+            cost=cost,
+        )
+        self._post(
+            [
+                NewEvent("part.created", self.session.id, done.model_dump(mode="json")),
+                NewEvent("message.updated", self.session.id, message.model_dump(mode="json")),
+            ]
+        )
+        self._on_usage(tokens, cost)

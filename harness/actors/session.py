@@ -1,0 +1,317 @@
+"""SessionActor: one per active session. Owns its inbox, its status and its turns.
+
+It takes input from the ledger's inbox one turn at a time (steered input joins the
+running turn at the runner's next step boundary), runs each turn's Runner and
+ToolExecutor inside a cancel scope of its own, and records how the turn ended.
+Cancelling the session cancels that scope: the provider stream, the running tools and
+their process groups all stop, and the ledger closes what was open as cancelled.
+
+A runner that raises is supervised one-for-one: its open tool parts are closed as
+interrupted and the turn is restarted from the ledger, at most ``restart_limit`` times
+within ``restart_window`` seconds; past that the session is marked ``error``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+import trio
+
+from harness.actors.runner import Runner, environment_block
+from harness.actors.tool_executor import ToolExecutor
+from harness.agents import get_agent
+from harness.config import Config
+from harness.history import History
+from harness.messages import ids
+from harness.messages.events import Event, NewEvent, StopReason, TurnResult
+from harness.messages.mailbox import (
+    CancelTurn,
+    ClearSession,
+    FeedMessage,
+    PermissionMessage,
+    Publish,
+    SessionMessage,
+)
+from harness.messages.model import (
+    AssistantMessage,
+    InboxItem,
+    Session,
+    SessionStatus,
+    TextPart,
+    Tokens,
+    ToolError,
+    UserMessage,
+)
+from harness.messages.provider import ToolSpec
+from harness.permissions.ruleset import DEFAULT_RULES, disabled_tools, merge
+from harness.providers import create_provider, split_model
+from harness.providers.base import Provider
+from harness.providers.errors import ProviderError
+from harness.providers.retry import RetryNotice, RetryPolicy
+from harness.storage.ledger import Ledger
+from harness.tools.base import Tool
+
+log = structlog.get_logger("harness.session")
+
+
+@dataclass(frozen=True, slots=True)
+class SessionServices:
+    """What every session actor shares: the ledger, the other actors' mailboxes, config."""
+
+    config: Config
+    ledger: Ledger
+    feed: trio.MemorySendChannel[FeedMessage]
+    permission: trio.MemorySendChannel[PermissionMessage]
+    tools: Mapping[str, Tool[Any]]
+    tool_specs: Mapping[str, ToolSpec]
+
+
+def close_open_work(ledger: Ledger, session_id: str, reason: str) -> list[NewEvent]:
+    """Events that close what a stopped turn left open: tool parts, unfinished steps."""
+    now = time.time()
+    events: list[NewEvent] = []
+    for part in ledger.open_tool_parts(session_id):
+        state = part.state
+        start = getattr(state, "start", now)
+        closed = part.model_copy(
+            update={"state": ToolError(input=state.input, error=reason, start=start, end=now)}
+        )
+        events.append(NewEvent("part.updated", session_id, closed.model_dump(mode="json")))
+    for entry in reversed(ledger.messages(session_id)[-3:]):
+        info = entry.info
+        if isinstance(info, AssistantMessage) and info.completed is None:
+            aborted = info.model_copy(update={"error": reason, "completed": now})
+            events.append(NewEvent("message.updated", session_id, aborted.model_dump(mode="json")))
+    return events
+
+
+class SessionActor:
+    def __init__(self, services: SessionServices, session_id: str) -> None:
+        self._services = services
+        self._ledger = services.ledger
+        self.session_id = session_id
+        self.mailbox, self._receive = trio.open_memory_channel[SessionMessage](math.inf)
+        self._wake = trio.Event()
+        self._turn_scope: trio.CancelScope | None = None
+        self._provider: Provider | None = None
+        self._restarts: deque[float] = deque()
+
+    # --- mailbox ----------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        structlog.contextvars.bind_contextvars(session_id=self.session_id)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._work)
+                task_status.started()
+                async with self._receive:
+                    async for message in self._receive:
+                        if isinstance(message, CancelTurn):
+                            message.reply.send_nowait(self._cancel_turn())
+                        else:
+                            self._wake.set()
+                nursery.cancel_scope.cancel()
+        finally:
+            if self._provider is not None:
+                with trio.CancelScope(shield=True):
+                    await self._provider.aclose()
+
+    def _cancel_turn(self) -> bool:
+        if self._turn_scope is None:
+            return False
+        self._turn_scope.cancel()
+        return True
+
+    # --- turns ------------------------------------------------------------------------------
+
+    async def _work(self) -> None:
+        while True:
+            inbox = self._ledger.inbox(self.session_id)
+            if not inbox:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                continue
+            await self._turn(inbox[0])
+
+    async def _take(self, item: InboxItem, session: Session) -> list[NewEvent]:
+        """The events that turn an inbox item into a user message, in one transaction."""
+        message = UserMessage(
+            id=item.id,
+            session_id=self.session_id,
+            agent=item.agent or session.agent,
+            model=item.model or session.model,
+            delivery=item.delivery,
+            created=time.time(),
+        )
+        part = TextPart(
+            id=ids.part_id(), session_id=self.session_id, message_id=item.id, text=item.text
+        )
+        return [
+            NewEvent("inbox.taken", self.session_id, {"id": item.id}),
+            NewEvent("message.created", self.session_id, message.model_dump(mode="json")),
+            NewEvent("part.created", self.session_id, part.model_dump(mode="json")),
+        ]
+
+    async def _take_steered(self) -> None:
+        session = self._session()
+        items = [i for i in self._ledger.inbox(self.session_id) if i.delivery == "steer"]
+        if items:
+            events: list[NewEvent] = []
+            for item in items:
+                events.extend(await self._take(item, session))
+            await self._ledger.write(events)
+
+    def _session(self) -> Session:
+        session = self._ledger.session(self.session_id)
+        if session is None:
+            raise LookupError(f"session {self.session_id} does not exist")
+        return session
+
+    def _set_status(self, status: SessionStatus, error: str | None = None) -> None:
+        session = self._session().model_copy(
+            update={"status": status, "updated": time.time(), "error": error}
+        )
+        self._ledger.post(
+            [NewEvent("session.updated", self.session_id, session.model_dump(mode="json"))]
+        )
+
+    def _add_usage(self, tokens: Tokens, cost: float) -> None:
+        session = self._session()
+        updated = session.model_copy(
+            update={
+                "tokens": session.tokens.plus(tokens),
+                "cost": session.cost + cost,
+                "updated": time.time(),
+            }
+        )
+        self._ledger.post(
+            [NewEvent("session.updated", self.session_id, updated.model_dump(mode="json"))]
+        )
+
+    async def _on_retry(self, notice: RetryNotice) -> None:
+        self._set_status("retry")
+        event = Event(
+            None,
+            time.time(),
+            "session.retry",
+            self.session_id,
+            {"attempt": notice.attempt, "next": notice.at, "error": notice.error},
+        )
+        await self._services.feed.send(Publish((event,)))
+        log.warning("provider retry scheduled", attempt=notice.attempt, delay=notice.delay)
+
+    async def _turn(self, item: InboxItem) -> None:
+        session = self._session()
+        events = await self._take(item, session)
+        events.append(NewEvent("turn.started", self.session_id, {"message_id": item.id}))
+        await self._ledger.write(events)
+        self._set_status("busy")
+        structlog.contextvars.bind_contextvars(turn=item.id)
+        log.info("turn started")
+        result = await self._supervised_turn(item.id)
+        failed = result.reason == "error" and self._session().status == "error"
+        self._ledger.post([NewEvent("turn.finished", self.session_id, result.to_dict())])
+        if not failed:
+            self._set_status("idle")
+        await self._ledger.flush()
+        log.info("turn finished", reason=result.reason)
+        structlog.contextvars.unbind_contextvars("turn", "step", "message_id")
+
+    async def _supervised_turn(self, user_message_id: str) -> TurnResult:
+        while True:
+            try:
+                with trio.CancelScope() as scope:
+                    self._turn_scope = scope
+                    return await self._run_runner(user_message_id)
+                # Only a cancel of this scope lands here (CancelTurn).
+                return await self._stopped(user_message_id, "cancelled", "cancelled")
+            except ProviderError as error:
+                # Building the provider failed (no key, unknown model): nothing to restart.
+                return await self._stopped(user_message_id, "error", str(error))
+            except Exception as error:
+                log.exception("runner crashed")
+                with trio.CancelScope(shield=True):
+                    await self._ledger.write(
+                        close_open_work(self._ledger, self.session_id, "interrupted")
+                    )
+                if not self._may_restart():
+                    reason = (
+                        f"the runner crashed {len(self._restarts)} times within "
+                        f"{self._services.config.restart_window:.0f} s: "
+                        f"{type(error).__name__}: {error}"
+                    )
+                    self._set_status("error", reason)
+                    return TurnResult(user_message_id, "error", "", reason)
+            finally:
+                self._turn_scope = None
+
+    def _may_restart(self) -> bool:
+        config = self._services.config
+        now = time.monotonic()
+        while self._restarts and now - self._restarts[0] > config.restart_window:
+            self._restarts.popleft()
+        self._restarts.append(now)
+        return len(self._restarts) <= config.restart_limit
+
+    async def _stopped(self, user_message_id: str, reason: StopReason, error: str) -> TurnResult:
+        with trio.CancelScope(shield=True):
+            self._services.permission.send_nowait(ClearSession(self.session_id))
+            await self._ledger.write(close_open_work(self._ledger, self.session_id, error))
+        return TurnResult(user_message_id, reason, "", error)
+
+    async def _run_runner(self, user_message_id: str) -> TurnResult:
+        services = self._services
+        config = services.config
+        session = self._session()
+        agent = get_agent(session.agent)
+        if self._provider is None:
+            factory = config.provider_factory
+            self._provider = (
+                factory(session.model)
+                if factory is not None
+                else create_provider(session.model, base_url=config.base_url)
+            )
+        _, model_name = split_model(session.model)
+        rules = merge(DEFAULT_RULES, agent.rules, config.rules, session.permission)
+        hidden = disabled_tools(services.tools, rules)
+        tools = {name: tool for name, tool in services.tools.items() if name not in hidden}
+        executor = ToolExecutor(
+            session_id=session.id,
+            directory=Path(session.directory),
+            project=session.directory,
+            tools=tools,
+            rules=rules,
+            ledger=self._ledger,
+            permission=services.permission,
+            output_dir=config.tool_output_dir,
+        )
+        runner = Runner(
+            session=session,
+            model_name=model_name,
+            provider=self._provider,
+            system=(agent.prompt, environment_block(session.directory)),
+            tool_specs=[services.tool_specs[name] for name in tools],
+            max_steps=config.max_steps or agent.steps,
+            ledger_history=History(self._ledger, session.id),
+            ledger_post=self._ledger.post,
+            ledger_flush=self._ledger.flush,
+            take_steered=self._take_steered,
+            executor=executor.mailbox,
+            feed=services.feed,
+            on_usage=self._add_usage,
+            on_retry=self._on_retry,
+            retry_policy=RetryPolicy(),
+        )
+        async with trio.open_nursery() as nursery:
+            await nursery.start(executor.run)
+            try:
+                return await runner.run_turn(user_message_id)
+            finally:
+                nursery.cancel_scope.cancel()

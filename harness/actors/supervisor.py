@@ -1,0 +1,68 @@
+"""Supervisor: starts one SessionActor per active session and routes messages to it.
+
+Session actors start on demand (the first prompt or cancel that names them) and live in
+the supervisor's nursery. A crash inside a turn is handled one level down, by the
+session actor's own restart policy, so one session's failure never disturbs another;
+the supervisor only sees a session actor die if something is deeply wrong, and then it
+logs the error and lets the next message start a fresh actor from the ledger.
+"""
+
+from __future__ import annotations
+
+import math
+
+import structlog
+import trio
+
+from harness.actors.session import SessionActor, SessionServices
+from harness.messages.mailbox import (
+    CancelSession,
+    CancelTurn,
+    SupervisorMessage,
+    Wake,
+    WakeSession,
+)
+
+log = structlog.get_logger("harness.supervisor")
+
+
+class Supervisor:
+    def __init__(self, services: SessionServices) -> None:
+        self._services = services
+        self.mailbox, self._receive = trio.open_memory_channel[SupervisorMessage](math.inf)
+        self._actors: dict[str, SessionActor] = {}
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            # Input that was durable but never taken (the process stopped first) runs now.
+            for session_id in self._services.ledger.sessions_with_inbox():
+                self._actor(nursery, session_id).mailbox.send_nowait(Wake())
+            task_status.started()
+            async with self._receive:
+                async for message in self._receive:
+                    if isinstance(message, WakeSession):
+                        self._actor(nursery, message.session_id).mailbox.send_nowait(Wake())
+                    elif isinstance(message, CancelSession):
+                        actor = self._actors.get(message.session_id)
+                        if actor is None:
+                            message.reply.send_nowait(False)
+                        else:
+                            actor.mailbox.send_nowait(CancelTurn(message.reply))
+            nursery.cancel_scope.cancel()
+
+    def _actor(self, nursery: trio.Nursery, session_id: str) -> SessionActor:
+        actor = self._actors.get(session_id)
+        if actor is None:
+            actor = SessionActor(self._services, session_id)
+            self._actors[session_id] = actor
+            nursery.start_soon(self._guard, actor)
+        return actor
+
+    async def _guard(self, actor: SessionActor) -> None:
+        try:
+            await actor.run()
+        except Exception:
+            log.exception("session actor died", session_id=actor.session_id)
+        finally:
+            if self._actors.get(actor.session_id) is actor:
+                del self._actors[actor.session_id]

@@ -1,0 +1,253 @@
+"""ToolExecutor: the one path every tool call takes (DESIGN §1 rule 2).
+
+validate the arguments → ask Permission for each need → record ``running`` durably →
+execute inside the caller's cancel scope → truncate → record the result, bound to the
+call id. A call that fails any stage never reaches the next one: invalid arguments never
+run, an unapproved command never starts a process. The calls of one step run
+concurrently; the answer lists their outcomes in the order the model made them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import structlog
+import trio
+from pydantic import ValidationError
+
+from harness.messages.events import NewEvent, StopReason
+from harness.messages.mailbox import (
+    AskPermission,
+    CallOutcome,
+    ExecuteCalls,
+    PermissionMessage,
+    PlannedCall,
+)
+from harness.messages.model import (
+    Rule,
+    ToolCompleted,
+    ToolError,
+    ToolPart,
+    ToolRunning,
+    ToolState,
+)
+from harness.messages.permission import PermissionDecision, PermissionNeed
+from harness.storage.ledger import Ledger
+from harness.tools.base import Tool, ToolContext, ToolFailure, ToolParams
+from harness.tools.truncate import truncate_output
+
+log = structlog.get_logger("harness.tools")
+
+
+def describe_validation_error(tool: str, error: ValidationError) -> str:
+    problems = []
+    for item in error.errors():
+        where = ".".join(str(piece) for piece in item["loc"]) or "arguments"
+        problems.append(f"{where}: {item['msg']}")
+    return f"invalid arguments for tool '{tool}': " + "; ".join(problems)
+
+
+def describe_denial(need: PermissionNeed, decision: PermissionDecision) -> str:
+    subject = f"{need.permission} on '{need.pattern}'"
+    if decision.source == "no-terminal" and decision.message:
+        return f"the call was rejected: {decision.message}"
+    if decision.source == "cancelled":
+        return "cancelled"
+    if decision.source == "reply":
+        if decision.message:
+            return f"the user rejected this call ({subject}) with this feedback: {decision.message}"
+        return f"the user rejected this call ({subject}); do not retry it"
+    rule = decision.rule
+    shown = f" (rule {rule.permission}:{rule.pattern} → {rule.action})" if rule else ""
+    return f"a permission rule denies {subject}{shown}; the call was not run"
+
+
+class ToolExecutor:
+    def __init__(
+        self,
+        *,
+        session_id: str,
+        directory: Path,
+        project: str,
+        tools: Mapping[str, Tool[Any]],
+        rules: Sequence[Rule],
+        ledger: Ledger,
+        permission: trio.MemorySendChannel[PermissionMessage],
+        output_dir: Path,
+    ) -> None:
+        self._session_id = session_id
+        self._directory = directory
+        self._project = project
+        self._tools = tools
+        self._rules = rules
+        self._ledger = ledger
+        self._permission = permission
+        self._output_dir = output_dir
+        self.mailbox, self._receive = trio.open_memory_channel[ExecuteCalls](math.inf)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        async with self._receive:
+            async for request in self._receive:
+                outcomes: list[CallOutcome | None] = [None] * len(request.calls)
+                if len(request.calls) == 1:
+                    await self._one(request.message_id, request.calls[0], outcomes, 0)
+                else:
+                    async with trio.open_nursery() as nursery:
+                        for index, call in enumerate(request.calls):
+                            nursery.start_soon(self._one, request.message_id, call, outcomes, index)
+                request.reply.send_nowait([o for o in outcomes if o is not None])
+
+    async def _one(
+        self,
+        message_id: str,
+        call: PlannedCall,
+        outcomes: list[CallOutcome | None],
+        index: int,
+    ) -> None:
+        outcomes[index] = await self._execute(message_id, call)
+
+    def _record(self, message_id: str, call: PlannedCall, state: ToolState) -> NewEvent:
+        part = ToolPart(
+            id=call.part_id,
+            session_id=self._session_id,
+            message_id=message_id,
+            call_id=call.call_id,
+            tool=call.tool,
+            state=state,
+        )
+        return NewEvent("part.updated", self._session_id, part.model_dump(mode="json"))
+
+    def _fail(
+        self,
+        message_id: str,
+        call: PlannedCall,
+        error: str,
+        *,
+        input: dict[str, Any] | None = None,
+        start: float | None = None,
+        stop: StopReason | None = None,
+    ) -> CallOutcome:
+        now = time.time()
+        state = ToolError(input=input or {}, error=error, start=start or now, end=now)
+        self._ledger.post([self._record(message_id, call, state)])
+        log.info("tool failed", call_id=call.call_id, tool=call.tool, error=error[:200])
+        return CallOutcome(call.call_id, ok=False, stop=stop)
+
+    async def _execute(self, message_id: str, call: PlannedCall) -> CallOutcome:
+        if call.refusal is not None:
+            return self._fail(message_id, call, call.refusal)
+        tool = self._tools.get(call.tool)
+        if tool is None:
+            available = ", ".join(sorted(self._tools))
+            return self._fail(
+                message_id, call, f"unknown tool '{call.tool}'; available tools: {available}"
+            )
+        try:
+            raw = json.loads(call.arguments) if call.arguments.strip() else {}
+        except json.JSONDecodeError as error:
+            return self._fail(
+                message_id, call, f"arguments for tool '{call.tool}' are not valid JSON: {error}"
+            )
+        if not isinstance(raw, dict):
+            return self._fail(
+                message_id, call, f"arguments for tool '{call.tool}' must be a JSON object"
+            )
+        try:
+            args: ToolParams = tool.params.model_validate(raw)
+        except ValidationError as error:
+            return self._fail(
+                message_id, call, describe_validation_error(call.tool, error), input=raw
+            )
+        context = ToolContext(
+            session_id=self._session_id,
+            message_id=message_id,
+            call_id=call.call_id,
+            directory=self._directory,
+            output_dir=self._output_dir,
+        )
+        try:
+            needs = tool.permissions(args, context)
+        except ToolFailure as error:
+            return self._fail(message_id, call, str(error), input=raw)
+        if call.doom_loop:
+            pattern = call.tool
+            needs = [PermissionNeed("doom_loop", pattern, pattern, {"input": raw}), *needs]
+        for need in needs:
+            decision = await self._ask(message_id, call, need)
+            if not decision.allowed:
+                stop: StopReason | None = None
+                if not decision.message or decision.source == "no-terminal":
+                    stop = "doom_loop" if need.permission == "doom_loop" else "denied"
+                return self._fail(
+                    message_id, call, describe_denial(need, decision), input=raw, stop=stop
+                )
+        return await self._run(message_id, call, tool, args, raw, context)
+
+    async def _ask(
+        self, message_id: str, call: PlannedCall, need: PermissionNeed
+    ) -> PermissionDecision:
+        reply_send, reply_receive = trio.open_memory_channel[PermissionDecision](1)
+        await self._permission.send(
+            AskPermission(
+                session_id=self._session_id,
+                message_id=message_id,
+                call_id=call.call_id,
+                tool=call.tool,
+                need=need,
+                rules=self._rules,
+                project=self._project,
+                reply=reply_send,
+            )
+        )
+        return await reply_receive.receive()
+
+    async def _run(
+        self,
+        message_id: str,
+        call: PlannedCall,
+        tool: Tool[Any],
+        args: ToolParams,
+        raw: dict[str, Any],
+        context: ToolContext,
+    ) -> CallOutcome:
+        start = time.time()
+        title = tool.title(args)
+        # Durable before the side effect begins: after a crash, a call still "running" in
+        # the ledger is known to have maybe happened, and is never re-run blindly.
+        await self._ledger.write(
+            [self._record(message_id, call, ToolRunning(input=raw, title=title, start=start))]
+        )
+        log.info("tool started", call_id=call.call_id, tool=call.tool, title=title)
+        try:
+            result = await tool.execute(args, context)
+        except ToolFailure as error:
+            return self._fail(message_id, call, str(error), input=raw, start=start)
+        except Exception as error:
+            log.exception("tool raised", call_id=call.call_id, tool=call.tool)
+            return self._fail(
+                message_id,
+                call,
+                f"tool '{call.tool}' failed: {type(error).__name__}: {error}",
+                input=raw,
+                start=start,
+            )
+        output, extra = truncate_output(
+            result.output, output_dir=self._output_dir, call_id=call.call_id
+        )
+        state = ToolCompleted(
+            input=raw,
+            output=output,
+            title=result.title or title,
+            metadata={**result.metadata, **extra},
+            start=start,
+            end=time.time(),
+        )
+        self._ledger.post([self._record(message_id, call, state)])
+        log.info("tool completed", call_id=call.call_id, tool=call.tool)
+        return CallOutcome(call.call_id, ok=True)

@@ -1,0 +1,79 @@
+"""Settings, from arguments or the environment (DESIGN §9 lists the variables)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from harness.messages.model import Rule
+    from harness.providers.base import Provider
+
+DEFAULT_MODEL = "mistral/devstral-medium-latest"
+
+
+def default_home() -> Path:
+    explicit = os.environ.get("HARNESS_HOME")
+    if explicit:
+        return Path(explicit).expanduser()
+    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data) / "harness"
+
+
+@dataclass
+class Config:
+    """Everything a harness needs; every field has a working default.
+
+    ``provider_factory`` replaces the model-string lookup (embedding, tests): it gets the
+    session's model string and returns a Provider. ``interactive=False`` rejects every
+    permission ask at once, with a message naming the flag that would allow it.
+    """
+
+    home: Path = field(default_factory=default_home)
+    model: str = DEFAULT_MODEL
+    base_url: str | None = None
+    agent: str = "build"
+    max_steps: int | None = None
+    rules: Sequence[Rule] = ()
+    interactive: bool = True
+    durability: Literal["normal", "full"] = "normal"
+    log_level: str = "info"
+    log_format: Literal["json", "console"] = "json"
+    log_file: Path | None = None
+    restart_limit: int = 3
+    restart_window: float = 60.0
+    provider_factory: Callable[[str], Provider] | None = None
+
+    def __post_init__(self) -> None:
+        self.home = Path(self.home).expanduser()
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> Config:
+        env = os.environ
+        values: dict[str, object] = {"home": default_home()}
+        if env.get("HARNESS_MODEL"):
+            values["model"] = env["HARNESS_MODEL"]
+        if env.get("HARNESS_BASE_URL"):
+            values["base_url"] = env["HARNESS_BASE_URL"]
+        if env.get("HARNESS_LOG_LEVEL"):
+            values["log_level"] = env["HARNESS_LOG_LEVEL"].lower()
+        if env.get("HARNESS_LOG_FORMAT") in ("json", "console"):
+            values["log_format"] = env["HARNESS_LOG_FORMAT"]
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)  # type: ignore[arg-type]
+
+    @property
+    def ledger_path(self) -> Path:
+        return self.home / "ledger.db"
+
+    @property
+    def tool_output_dir(self) -> Path:
+        return self.home / "tool-output"
+
+    @property
+    def socket_path(self) -> Path:
+        explicit = os.environ.get("HARNESS_SOCKET")
+        return Path(explicit) if explicit else self.home / "harness.sock"

@@ -1,0 +1,154 @@
+"""A session's history as read from the ledger, and the model's view of it.
+
+The runner keeps one ``History`` per turn and calls ``sync`` at the start of each step:
+it reads only the rows the ledger changed since the last sync and re-derives only the
+messages those rows touch. That keeps a step's cost flat as a session grows, while the
+ledger stays the only source of truth (a fresh ``History`` on a restarted process
+produces the same request).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from dataclasses import dataclass
+
+from harness.messages.model import (
+    AssistantMessage,
+    Message,
+    Part,
+    TextPart,
+    ToolCompleted,
+    ToolError,
+    ToolPart,
+    UserMessage,
+)
+from harness.messages.provider import AssistantTurn, ChatMessage, ToolCall, ToolResult, UserTurn
+from harness.storage.ledger import Ledger
+
+INTERRUPTED = "the tool call was interrupted before it finished"
+
+
+@dataclass(slots=True)
+class _Entry:
+    message: Message
+    parts: dict[str, Part]
+    chat: tuple[ChatMessage, ...] | None = None  # cached model view; None = re-derive
+
+
+def text_of(parts: list[Part] | tuple[Part, ...]) -> str:
+    return "".join(p.text for p in parts if isinstance(p, TextPart) and not p.synthetic)
+
+
+def _user_view(message: UserMessage, parts: list[Part]) -> tuple[ChatMessage, ...]:
+    text = "".join(p.text for p in parts if isinstance(p, TextPart))
+    if message.delivery == "steer":
+        text = f"[The user sent this while you were working]\n{text}"
+    return (UserTurn(text),)
+
+
+def _assistant_view(parts: list[Part]) -> tuple[ChatMessage, ...]:
+    text = text_of(parts)
+    tools = [p for p in parts if isinstance(p, ToolPart)]
+    if not text and not tools:
+        return ()  # an aborted or failed step with nothing to show for it
+    calls = tuple(
+        ToolCall(p.call_id, p.tool, json.dumps(p.state.input, separators=(",", ":"))) for p in tools
+    )
+    view: list[ChatMessage] = [AssistantTurn(text, calls)]
+    for part in tools:
+        state = part.state
+        if isinstance(state, ToolCompleted):
+            view.append(ToolResult(part.call_id, part.tool, state.output))
+        elif isinstance(state, ToolError):
+            view.append(ToolResult(part.call_id, part.tool, state.error, is_error=True))
+        else:
+            view.append(ToolResult(part.call_id, part.tool, INTERRUPTED, is_error=True))
+    return tuple(view)
+
+
+class History:
+    def __init__(self, ledger: Ledger, session_id: str) -> None:
+        self._ledger = ledger
+        self.session_id = session_id
+        self._entries: dict[str, _Entry] = {}
+        self._order: list[str] = []  # message ids; ids sort in creation order
+        self._orphans: dict[str, dict[str, Part]] = {}
+        self.mark = 0
+
+    def sync(self) -> None:
+        messages, parts, self.mark = self._ledger.changes(self.session_id, self.mark)
+        for message in messages:
+            entry = self._entries.get(message.id)
+            if entry is None:
+                entry = _Entry(message, self._orphans.pop(message.id, {}))
+                self._entries[message.id] = entry
+                bisect.insort(self._order, message.id)
+            else:
+                entry.message = message
+                entry.chat = None
+        for part in parts:
+            owner = self._entries.get(part.message_id)
+            if owner is None:
+                self._orphans.setdefault(part.message_id, {})[part.id] = part
+                continue
+            owner.parts[part.id] = part
+            owner.chat = None
+
+    # --- the model's view -------------------------------------------------------------------
+
+    def chat(self) -> list[ChatMessage]:
+        out: list[ChatMessage] = []
+        for message_id in self._order:
+            entry = self._entries[message_id]
+            if entry.chat is None:
+                parts = self.parts_of(message_id)
+                message = entry.message
+                entry.chat = (
+                    _user_view(message, parts)
+                    if isinstance(message, UserMessage)
+                    else _assistant_view(parts)
+                )
+            out.extend(entry.chat)
+        return out
+
+    # --- what the loop decides from ---------------------------------------------------------
+
+    def parts_of(self, message_id: str) -> list[Part]:
+        parts = self._entries[message_id].parts
+        return [parts[k] for k in sorted(parts)]
+
+    def message(self, message_id: str) -> Message | None:
+        entry = self._entries.get(message_id)
+        return entry.message if entry else None
+
+    def messages_after(self, message_id: str) -> list[Message]:
+        start = bisect.bisect_right(self._order, message_id)
+        return [self._entries[i].message for i in self._order[start:]]
+
+    def turn_steps(self, user_message_id: str) -> list[AssistantMessage]:
+        """The assistant messages of the turn that a user message started."""
+        return [
+            m
+            for m in self.messages_after(user_message_id)
+            if isinstance(m, AssistantMessage) and m.parent_id == user_message_id
+        ]
+
+    def last_message(self) -> Message | None:
+        return self._entries[self._order[-1]].message if self._order else None
+
+    def tool_parts_of_turn(self, user_message_id: str) -> list[ToolPart]:
+        out: list[ToolPart] = []
+        for step in self.turn_steps(user_message_id):
+            out.extend(p for p in self.parts_of(step.id) if isinstance(p, ToolPart))
+        return out
+
+    def recent_tool_calls(self, user_message_id: str, count: int) -> list[ToolPart]:
+        """The last ``count`` tool parts of the turn, oldest first, newest steps only."""
+        out: list[ToolPart] = []
+        for step in reversed(self.turn_steps(user_message_id)):
+            tools = [p for p in self.parts_of(step.id) if isinstance(p, ToolPart)]
+            out[:0] = tools
+            if len(out) >= count:
+                break
+        return out[-count:]

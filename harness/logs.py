@@ -1,0 +1,66 @@
+"""Structured logs: one JSON object per line, with the session context bound (DESIGN §9).
+
+A pipeline of small structlog processors. Context (``session_id``, ``turn``, ``step``,
+``message_id``) lives in contextvars, which Trio copies into every task a task starts,
+so a line logged deep in a tool call still says which session and step it belongs to.
+Secrets never reach a line: keys that look like credentials are masked.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import MutableMapping
+from pathlib import Path
+from typing import Any, TextIO
+
+import structlog
+
+_SECRET_WORDS = ("key", "token", "secret", "password", "authorization")
+
+
+def _mask_secrets(
+    logger: Any, method: str, event: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    for name in list(event):
+        lowered = name.lower()
+        if any(word in lowered for word in _SECRET_WORDS) and not lowered.endswith("tokens"):
+            event[name] = "***"
+    return event
+
+
+_stream: TextIO | None = None
+
+
+def configure_logging(
+    *, level: str = "info", format: str = "json", file: Path | None = None
+) -> None:
+    """Send harness logs to ``file`` (appending) or stderr, as JSON lines or for people."""
+    global _stream
+    if _stream is not None and _stream is not sys.stderr:
+        _stream.close()
+    if file is not None:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        _stream = file.open("a", encoding="utf-8", buffering=1)
+    else:
+        _stream = sys.stderr
+    renderer: Any = (
+        structlog.processors.JSONRenderer()
+        if format == "json"
+        else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            _mask_secrets,
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
+        ),
+        logger_factory=structlog.WriteLoggerFactory(file=_stream),
+        cache_logger_on_first_use=False,
+    )

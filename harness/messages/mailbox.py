@@ -1,0 +1,179 @@
+"""Every message an actor receives, declared once.
+
+Actors talk only through Trio memory channels. A request that needs an answer carries a
+one-shot reply channel (the ``ask`` pattern): the asker creates a channel of size 1,
+sends the request, and awaits the single answer, so a cancel of the asker simply drops
+the answer on the floor instead of leaving anybody blocked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import trio
+
+from harness.messages.events import Event, NewEvent, StopReason
+from harness.messages.model import Rule
+from harness.messages.permission import (
+    PermissionDecision,
+    PermissionNeed,
+    PermissionRequest,
+    Reply,
+)
+
+# --- ledger writer -------------------------------------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class WriteEvents:
+    """Append events and apply them in one transaction.
+
+    With a ``reply`` channel the caller hears of the commit (or the exception that
+    prevented it); without one the write is fire-and-forget, still ordered with every
+    other write of the same writer.
+    """
+
+    events: Sequence[NewEvent]
+    reply: trio.MemorySendChannel[list[Event] | Exception] | None = None
+
+
+# --- event feed ----------------------------------------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class Publish:
+    events: Sequence[Event]
+
+
+@dataclass(slots=True, frozen=True)
+class Subscription:
+    id: int
+    events: trio.MemoryReceiveChannel[Event]
+
+
+@dataclass(slots=True, frozen=True)
+class Subscribe:
+    """Hear every event published from now on (of one session and its children, or all)."""
+
+    session_id: str | None
+    reply: trio.MemorySendChannel[Subscription]
+    buffer: int = 4096
+
+
+@dataclass(slots=True, frozen=True)
+class Unsubscribe:
+    subscription_id: int
+
+
+@dataclass(slots=True, frozen=True)
+class RegisterChild:
+    """Tell the feed that events of ``child_id`` also belong to ``parent_id``'s tree."""
+
+    parent_id: str
+    child_id: str
+
+
+FeedMessage = Publish | Subscribe | Unsubscribe | RegisterChild
+
+
+# --- permission ----------------------------------------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class AskPermission:
+    session_id: str
+    message_id: str
+    call_id: str
+    tool: str
+    need: PermissionNeed
+    rules: Sequence[Rule]  # the merged ruleset; the session's stored approvals come after
+    project: str  # the scope of "always" approvals: the session's directory
+    reply: trio.MemorySendChannel[PermissionDecision]
+
+
+@dataclass(slots=True, frozen=True)
+class ReplyPermission:
+    request_id: str
+    reply: Reply
+    message: str | None
+    done: trio.MemorySendChannel[bool]  # False when no such request is pending
+
+
+@dataclass(slots=True, frozen=True)
+class ListPending:
+    session_id: str | None
+    reply: trio.MemorySendChannel[list[PermissionRequest]]
+
+
+@dataclass(slots=True, frozen=True)
+class ClearSession:
+    """Reject every pending ask of a session (it was cancelled)."""
+
+    session_id: str
+
+
+PermissionMessage = AskPermission | ReplyPermission | ListPending | ClearSession
+
+
+# --- tool executor -------------------------------------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class PlannedCall:
+    """A tool call the model made, already recorded as a ``pending`` tool part.
+
+    ``refusal`` is set when the runner refuses the call outright (tools disabled after the
+    step limit): the executor records it as an error without validating or running it.
+    """
+
+    part_id: str
+    call_id: str
+    tool: str
+    arguments: str
+    doom_loop: bool = False
+    refusal: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class CallOutcome:
+    call_id: str
+    ok: bool
+    stop: StopReason | None = None  # set when the call's outcome must stop the loop
+
+
+@dataclass(slots=True, frozen=True)
+class ExecuteCalls:
+    message_id: str
+    calls: Sequence[PlannedCall]
+    reply: trio.MemorySendChannel[list[CallOutcome]]
+
+
+# --- sessions ------------------------------------------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class Wake:
+    """New input is durable in the session's inbox."""
+
+
+@dataclass(slots=True, frozen=True)
+class CancelTurn:
+    reply: trio.MemorySendChannel[bool]  # False when nothing was running
+
+
+SessionMessage = Wake | CancelTurn
+
+
+@dataclass(slots=True, frozen=True)
+class WakeSession:
+    session_id: str
+
+
+@dataclass(slots=True, frozen=True)
+class CancelSession:
+    session_id: str
+    reply: trio.MemorySendChannel[bool]
+
+
+SupervisorMessage = WakeSession | CancelSession

@@ -1,0 +1,60 @@
+"""Permission requests and decisions: what crosses between a tool call and the gate."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from harness.messages.model import Rule
+
+Reply = Literal["once", "always", "reject"]
+
+
+@dataclass(slots=True, frozen=True)
+class PermissionNeed:
+    """One thing a call needs allowed before it runs.
+
+    ``pattern`` is what rules are matched against (a path, a command); ``always`` is the
+    pattern stored when the user answers "always" (a directory glob, a command prefix).
+    """
+
+    permission: str
+    pattern: str
+    always: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class PermissionRequest(BaseModel):
+    """A pending ask, as the API lists it and the ``permission.asked`` event carries it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    session_id: str
+    permission: str
+    pattern: str
+    always: str
+    tool: str
+    call_id: str
+    message_id: str
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    created: float
+
+
+@dataclass(slots=True, frozen=True)
+class PermissionDecision:
+    """The gate's answer to one need.
+
+    ``source`` says who decided: a configured ``rule``, a stored ``always`` approval, the
+    user's ``reply``, or ``no-terminal`` when nobody could be asked. ``message`` is the
+    user's feedback on a rejection; a rejection with feedback lets the loop continue.
+    """
+
+    allowed: bool
+    source: Literal["rule", "approved", "reply", "no-terminal", "cancelled"]
+    rule: Rule | None = None
+    reply: Reply | None = None
+    message: str | None = None
+    request_id: str | None = None

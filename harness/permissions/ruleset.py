@@ -1,0 +1,108 @@
+"""The permission rule engine (DESIGN §8): pure functions over ordered lists of rules.
+
+A ruleset is a plain sequence of ``Rule``; order is priority, and the last matching rule
+wins. Rulesets from different sources are merged by concatenation, lowest priority first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from harness.messages.model import PermissionAction, Rule
+from harness.permissions.wildcard import match
+
+# The tools that change files all answer to one permission, so one rule covers them.
+_EDIT_TOOLS = frozenset({"write", "edit", "apply_patch"})
+_ACTIONS: frozenset[str] = frozenset({"allow", "deny", "ask"})
+
+
+def _rule(permission: str, action: PermissionAction, pattern: str = "*") -> Rule:
+    return Rule(permission=permission, pattern=pattern, action=action)
+
+
+# No `*` baseline: anything unlisted falls through to "ask". The entries that merely
+# restate "ask" are kept so the defaults read as a complete policy.
+DEFAULT_RULES: tuple[Rule, ...] = (
+    *(
+        _rule(name, "allow")
+        for name in (
+            "read",
+            "glob",
+            "grep",
+            "list",
+            "todoread",
+            "todowrite",
+            "task",
+            "question",
+        )
+    ),
+    # Secrets live in .env files; the example file is meant to be read.
+    _rule("read", "ask", "*.env"),
+    _rule("read", "ask", "*.env.*"),
+    _rule("read", "allow", "*.env.example"),
+    _rule("edit", "ask"),
+    _rule("bash", "ask"),
+    _rule("webfetch", "ask"),
+    _rule("external_directory", "ask"),
+    _rule("doom_loop", "ask"),
+)
+
+
+def evaluate(
+    permission: str, pattern: str, rules: Sequence[Rule]
+) -> tuple[PermissionAction, Rule | None]:
+    """The action of the last rule matching ``permission`` and ``pattern``; "ask" if none."""
+    for rule in reversed(rules):
+        if match(rule.permission, permission) and match(rule.pattern, pattern):
+            return rule.action, rule
+    return "ask", None
+
+
+def merge(*rulesets: Sequence[Rule]) -> list[Rule]:
+    """Concatenate rulesets given lowest priority first (defaults, agent, config, session)."""
+    return [rule for ruleset in rulesets for rule in ruleset]
+
+
+def permission_for_tool(tool_name: str) -> str:
+    """The permission a tool's calls are checked under."""
+    return "edit" if tool_name in _EDIT_TOOLS else tool_name
+
+
+def parse_rule_flag(text: str, action: PermissionAction) -> Rule:
+    """Parse a CLI rule such as ``bash:git *``, ``edit`` or ``read:src/*``."""
+    if action not in _ACTIONS:
+        raise ValueError(f"unknown permission action {action!r}: use allow, deny or ask")
+    permission, colon, pattern = text.strip().partition(":")
+    permission = permission.strip()
+    pattern = pattern.strip() if colon else "*"
+    if not permission:
+        raise ValueError(f"rule {text!r} has no permission name: expected PERMISSION[:PATTERN]")
+    if any(ch.isspace() for ch in permission):
+        raise ValueError(
+            f"rule {text!r}: permission name {permission!r} contains whitespace; "
+            "expected PERMISSION[:PATTERN], e.g. 'bash:git *'"
+        )
+    if not pattern:
+        raise ValueError(f"rule {text!r} has an empty pattern after ':'; omit the ':' for all")
+    # `--deny write` should mean what the user thinks: write is checked as `edit`.
+    return _rule(permission_for_tool(permission), action, pattern)
+
+
+def allow_all() -> list[Rule]:
+    """The ruleset for ``--yes``: allow everything; denies appended after it still win."""
+    return [_rule("*", "allow")]
+
+
+def disabled_tools(tool_names: Iterable[str], rules: Sequence[Rule]) -> set[str]:
+    """Tools to hide from the model: the last rule for their permission is a blanket deny.
+
+    Only the last rule matching the permission counts, whatever its pattern, so
+    ``edit * deny`` followed by ``edit plans/* allow`` keeps the tool visible.
+    """
+    hidden: set[str] = set()
+    for name in tool_names:
+        permission = permission_for_tool(name)
+        last = next((r for r in reversed(rules) if match(r.permission, permission)), None)
+        if last is not None and last.pattern == "*" and last.action == "deny":
+            hidden.add(name)
+    return hidden

@@ -1,0 +1,317 @@
+"""The SQLite ledger (DESIGN §4): an append-only event log plus projections.
+
+One write connection belongs to the writer task (``run_writer``), which drains its
+mailbox and commits each batch in one transaction inside ``trio.to_thread`` (a commit
+stalls 10–25 ms now and then on a WAL checkpoint; the event loop must not). Reads go
+through a second connection, on the caller's thread: they are small, indexed and do not
+wait for writers in WAL mode.
+
+What a commit survives: with ``durability="normal"`` (``synchronous=NORMAL``) a committed
+transaction survives a crash of the process; a power loss may lose the last
+transactions but never corrupts the file. ``durability="full"`` (``synchronous=FULL``)
+also survives a power loss, at the price of an fsync per batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import apsw
+import trio
+from pydantic import TypeAdapter
+
+from harness.messages.events import Event, NewEvent
+from harness.messages.mailbox import FeedMessage, Publish, WriteEvents
+from harness.messages.model import (
+    InboxItem,
+    Message,
+    MessageWithParts,
+    Part,
+    Rule,
+    Session,
+    ToolPart,
+)
+from harness.storage.projections import PROJECTIONS
+from harness.storage.schema import MIGRATIONS, SCHEMA_VERSION
+
+Durability = Literal["normal", "full"]
+
+_MESSAGE: TypeAdapter[Message] = TypeAdapter(Message)
+_PART: TypeAdapter[Part] = TypeAdapter(Part)
+_MAX_BATCH = 1024
+
+
+class LedgerError(Exception):
+    """The ledger cannot be opened or written; the message says where and why."""
+
+
+def _dumps(data: dict[str, Any]) -> str:
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+
+class Ledger:
+    def __init__(self, path: Path, *, durability: Durability = "normal") -> None:
+        self.path = path
+        self.durability = durability
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._write = self._connect(path)
+            self._migrate(self._write)
+            self._read = self._connect(path)
+        except apsw.Error as error:
+            # Never "repair" by recreating: the file may hold someone's only record.
+            raise LedgerError(
+                f"cannot open the ledger at {path}: {error}. "
+                "The file was left untouched; move it aside to start a new ledger."
+            ) from error
+        self._mailbox_send, self._mailbox_receive = trio.open_memory_channel[WriteEvents](math.inf)
+
+    def _connect(self, path: Path) -> apsw.Connection:
+        conn = apsw.Connection(str(path))
+        conn.setbusytimeout(5000)
+        # One statement per execute(): apsw runs a multi-statement string lazily.
+        conn.execute("PRAGMA journal_mode=WAL").fetchall()
+        sync = "FULL" if self.durability == "full" else "NORMAL"
+        conn.execute(f"PRAGMA synchronous={sync}")
+        conn.execute("PRAGMA foreign_keys=ON")
+        # Fail now, with a clear error, on a file that is not a database.
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchall()
+        return conn
+
+    @staticmethod
+    def _migrate(conn: apsw.Connection) -> None:
+        version = int(str(conn.execute("PRAGMA user_version").fetchall()[0][0]))
+        if version > SCHEMA_VERSION:
+            raise LedgerError(
+                f"the ledger has schema version {version}, newer than this harness knows "
+                f"({SCHEMA_VERSION}); upgrade harness to open it"
+            )
+        for index in range(version, SCHEMA_VERSION):
+            with conn:
+                for statement in MIGRATIONS[index]:
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version={index + 1}")
+
+    def close(self) -> None:
+        self._mailbox_send.close()
+        self._read.close()
+        self._write.close()
+
+    # --- writing ---------------------------------------------------------------------------
+
+    async def run_writer(
+        self,
+        feed: trio.MemorySendChannel[FeedMessage] | None,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """The writer actor: commit batches in order, then answer and publish.
+
+        Ends when ``close_writer`` is called and the mailbox is drained, so shielded
+        cleanup writes made while the rest of the harness is cancelled still land.
+        """
+        task_status.started()
+        async with self._mailbox_receive:
+            while True:
+                try:
+                    first = await self._mailbox_receive.receive()
+                except trio.EndOfChannel:
+                    return
+                batch = [first]
+                while len(batch) < _MAX_BATCH:
+                    try:
+                        batch.append(self._mailbox_receive.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                with trio.CancelScope(shield=True):
+                    await self._commit_and_answer(batch, feed)
+
+    async def _commit_and_answer(
+        self, batch: list[WriteEvents], feed: trio.MemorySendChannel[FeedMessage] | None
+    ) -> None:
+        try:
+            committed = await trio.to_thread.run_sync(self._commit, batch)
+        except Exception as error:
+            failure = LedgerError(f"ledger write failed: {error}")
+            for request in batch:
+                if request.reply is not None:
+                    request.reply.send_nowait(failure)
+            if not any(request.reply is not None for request in batch):
+                raise failure from error
+            return
+        published: list[Event] = []
+        for request, events in zip(batch, committed, strict=True):
+            if request.reply is not None:
+                request.reply.send_nowait(events)
+            published.extend(events)
+        if feed is not None and published:
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await feed.send(Publish(published))
+
+    def _commit(self, batch: list[WriteEvents]) -> list[list[Event]]:
+        conn = self._write
+        now = time.time()
+        out: list[list[Event]] = []
+        with conn:
+            for request in batch:
+                events: list[Event] = []
+                for new in request.events:
+                    text = _dumps(new.data)
+                    conn.execute(
+                        "INSERT INTO events(ts, session_id, type, data) VALUES (?, ?, ?, ?)",
+                        (now, new.session_id, new.type, text),
+                    )
+                    seq = conn.last_insert_rowid()
+                    project = PROJECTIONS.get(new.type)
+                    if project is not None:
+                        project(conn, seq, new.data, text)
+                    events.append(Event(seq, now, new.type, new.session_id, new.data))
+                out.append(events)
+        return out
+
+    def post(self, events: Sequence[NewEvent]) -> None:
+        """Fire-and-forget write, ordered with every other write."""
+        self._mailbox_send.send_nowait(WriteEvents(events))
+
+    async def write(self, events: Sequence[NewEvent]) -> list[Event]:
+        """Write and wait until the events are committed."""
+        reply_send, reply_receive = trio.open_memory_channel[list[Event] | Exception](1)
+        self._mailbox_send.send_nowait(WriteEvents(events, reply_send))
+        answer = await reply_receive.receive()
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async def flush(self) -> None:
+        """Wait until every write posted before this call is committed."""
+        await self.write(())
+
+    def close_writer(self) -> None:
+        self._mailbox_send.close()
+
+    # --- reading ---------------------------------------------------------------------------
+
+    def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        return self._read.execute(sql, args).fetchall()
+
+    def session(self, session_id: str) -> Session | None:
+        rows = self._rows("SELECT data FROM sessions WHERE id = ?", (session_id,))
+        return Session.model_validate_json(rows[0][0]) if rows else None
+
+    def sessions(self, status: str | None = None) -> list[Session]:
+        if status is None:
+            rows = self._rows("SELECT data FROM sessions ORDER BY updated DESC")
+        else:
+            rows = self._rows(
+                "SELECT data FROM sessions WHERE status = ? ORDER BY updated DESC", (status,)
+            )
+        return [Session.model_validate_json(row[0]) for row in rows]
+
+    def children(self, session_id: str) -> list[Session]:
+        rows = self._rows(
+            "SELECT data FROM sessions WHERE parent_id = ? ORDER BY id", (session_id,)
+        )
+        return [Session.model_validate_json(row[0]) for row in rows]
+
+    def messages(self, session_id: str) -> list[MessageWithParts]:
+        """A session's transcript: messages in order, each with its parts in order."""
+        messages = [
+            _MESSAGE.validate_json(row[0])
+            for row in self._rows(
+                "SELECT data FROM messages WHERE session_id = ? ORDER BY id", (session_id,)
+            )
+        ]
+        parts: dict[str, list[Part]] = {}
+        for row in self._rows(
+            "SELECT message_id, data FROM parts WHERE session_id = ? ORDER BY id", (session_id,)
+        ):
+            parts.setdefault(row[0], []).append(_PART.validate_json(row[1]))
+        return [MessageWithParts(info=m, parts=parts.get(m.id, [])) for m in messages]
+
+    def changes(self, session_id: str, after_seq: int) -> tuple[list[Message], list[Part], int]:
+        """Messages and parts of a session written after ``after_seq``, and the new mark.
+
+        The runner reads only what changed since its last step, so a step costs the same
+        at step 200 as at step 2.
+        """
+        mark = after_seq
+        messages: list[Message] = []
+        for seq, data in self._rows(
+            "SELECT seq, data FROM messages WHERE session_id = ? AND seq > ? ORDER BY seq",
+            (session_id, after_seq),
+        ):
+            messages.append(_MESSAGE.validate_json(data))
+            mark = max(mark, seq)
+        parts: list[Part] = []
+        for seq, data in self._rows(
+            "SELECT seq, data FROM parts WHERE session_id = ? AND seq > ? ORDER BY seq",
+            (session_id, after_seq),
+        ):
+            parts.append(_PART.validate_json(data))
+            mark = max(mark, seq)
+        return messages, parts, mark
+
+    def inbox(self, session_id: str) -> list[InboxItem]:
+        return [
+            InboxItem.model_validate_json(row[0])
+            for row in self._rows(
+                "SELECT data FROM inbox WHERE session_id = ? ORDER BY seq", (session_id,)
+            )
+        ]
+
+    def sessions_with_inbox(self) -> list[str]:
+        return [row[0] for row in self._rows("SELECT DISTINCT session_id FROM inbox")]
+
+    def known_message(self, message_id: str) -> bool:
+        """Whether an id is already taken by a message or a queued input (idempotency)."""
+        rows = self._rows(
+            "SELECT 1 FROM messages WHERE id = ? UNION ALL SELECT 1 FROM inbox WHERE id = ?",
+            (message_id, message_id),
+        )
+        return bool(rows)
+
+    def open_tool_parts(self, session_id: str) -> list[ToolPart]:
+        rows = self._rows(
+            "SELECT data FROM parts WHERE session_id = ? AND type = 'tool'"
+            " AND status IN ('pending', 'running') ORDER BY id",
+            (session_id,),
+        )
+        return [ToolPart.model_validate_json(row[0]) for row in rows]
+
+    def approvals(self, project: str) -> list[Rule]:
+        return [
+            Rule(permission=row[0], pattern=row[1], action="allow")
+            for row in self._rows(
+                "SELECT permission, pattern FROM approvals WHERE project = ? ORDER BY created",
+                (project,),
+            )
+        ]
+
+    def events_after(
+        self, after_seq: int, *, session_ids: Sequence[str] | None = None, limit: int = 1000
+    ) -> list[Event]:
+        if session_ids is None:
+            rows = self._rows(
+                "SELECT seq, ts, type, session_id, data FROM events WHERE seq > ?"
+                " ORDER BY seq LIMIT ?",
+                (after_seq, limit),
+            )
+        else:
+            marks = ",".join("?" for _ in session_ids)
+            rows = self._rows(
+                "SELECT seq, ts, type, session_id, data FROM events"
+                f" WHERE seq > ? AND session_id IN ({marks}) ORDER BY seq LIMIT ?",
+                (after_seq, *session_ids, limit),
+            )
+        return [Event(r[0], r[1], r[2], r[3], json.loads(r[4])) for r in rows]
+
+    def last_seq(self) -> int:
+        rows = self._rows("SELECT max(seq) FROM events")
+        value = rows[0][0]
+        return int(value) if value is not None else 0

@@ -1,0 +1,84 @@
+"""How each durable event changes the projection tables.
+
+Runs inside the writer's transaction, right after the event row is appended, so an
+event and its effect are committed together or not at all. Events whose type has no
+entry here (permission.*, turn.*) live in the event log only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+import apsw
+
+
+def _upsert_session(conn: apsw.Connection, seq: int, data: dict[str, Any], text: str) -> None:
+    conn.execute(
+        "INSERT INTO sessions(id, parent_id, status, updated, seq, data) VALUES (?, ?, ?, ?, ?, ?)"
+        " ON CONFLICT(id) DO UPDATE SET parent_id=excluded.parent_id, status=excluded.status,"
+        " updated=excluded.updated, seq=excluded.seq, data=excluded.data",
+        (data["id"], data.get("parent_id"), data["status"], data["updated"], seq, text),
+    )
+
+
+def _delete_session(conn: apsw.Connection, seq: int, data: dict[str, Any], text: str) -> None:
+    session_id = data["id"]
+    for table in ("parts", "messages", "inbox"):
+        conn.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
+    conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+
+
+def _upsert_message(conn: apsw.Connection, seq: int, data: dict[str, Any], text: str) -> None:
+    conn.execute(
+        "INSERT INTO messages(id, session_id, role, seq, data) VALUES (?, ?, ?, ?, ?)"
+        " ON CONFLICT(id) DO UPDATE SET seq=excluded.seq, data=excluded.data",
+        (data["id"], data["session_id"], data["role"], seq, text),
+    )
+
+
+def _upsert_part(conn: apsw.Connection, seq: int, data: dict[str, Any], text: str) -> None:
+    state = data.get("state")
+    status = state.get("status") if isinstance(state, dict) else None
+    conn.execute(
+        "INSERT INTO parts(id, session_id, message_id, type, status, seq, data)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?)"
+        " ON CONFLICT(id) DO UPDATE SET status=excluded.status, seq=excluded.seq,"
+        " data=excluded.data",
+        (data["id"], data["session_id"], data["message_id"], data["type"], status, seq, text),
+    )
+
+
+def _add_inbox(conn: apsw.Connection, seq: int, data: dict[str, Any], text: str) -> None:
+    conn.execute(
+        "INSERT OR IGNORE INTO inbox(id, session_id, delivery, seq, data) VALUES (?, ?, ?, ?, ?)",
+        (data["id"], data["session_id"], data["delivery"], seq, text),
+    )
+
+
+def _take_inbox(conn: apsw.Connection, seq: int, data: dict[str, Any], text: str) -> None:
+    conn.execute("DELETE FROM inbox WHERE id = ?", (data["id"],))
+
+
+def _add_approval(conn: apsw.Connection, seq: int, data: dict[str, Any], text: str) -> None:
+    conn.execute(
+        "INSERT OR IGNORE INTO approvals(project, permission, pattern, created)"
+        " VALUES (?, ?, ?, ?)",
+        (data["project"], data["permission"], data["pattern"], data["created"]),
+    )
+
+
+Projection = Callable[[apsw.Connection, int, dict[str, Any], str], None]
+
+PROJECTIONS: Final[dict[str, Projection]] = {
+    "session.created": _upsert_session,
+    "session.updated": _upsert_session,
+    "session.deleted": _delete_session,
+    "message.created": _upsert_message,
+    "message.updated": _upsert_message,
+    "part.created": _upsert_part,
+    "part.updated": _upsert_part,
+    "inbox.added": _add_inbox,
+    "inbox.taken": _take_inbox,
+    "approval.added": _add_approval,
+}

@@ -1,0 +1,69 @@
+"""The ledger's schema, versioned with ``PRAGMA user_version``.
+
+Each migration is a list of statements, run in order inside one transaction; the
+version after migration ``i`` is ``i + 1``. Statements are issued one per ``execute``:
+apsw runs a multi-statement string lazily, so a second statement could be skipped.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
+    (
+        """CREATE TABLE events (
+            seq INTEGER PRIMARY KEY,
+            ts REAL NOT NULL,
+            session_id TEXT NOT NULL,
+            type TEXT NOT NULL,
+            data TEXT NOT NULL
+        )""",
+        "CREATE INDEX events_session ON events(session_id, seq)",
+        """CREATE TABLE sessions (
+            id TEXT PRIMARY KEY,
+            parent_id TEXT,
+            status TEXT NOT NULL,
+            updated REAL NOT NULL,
+            seq INTEGER NOT NULL,
+            data TEXT NOT NULL
+        )""",
+        "CREATE INDEX sessions_status ON sessions(status)",
+        "CREATE INDEX sessions_parent ON sessions(parent_id)",
+        """CREATE TABLE messages (
+            id TEXT PRIMARY KEY,
+            session_id TEXT NOT NULL,
+            role TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            data TEXT NOT NULL
+        )""",
+        "CREATE INDEX messages_session ON messages(session_id, seq)",
+        """CREATE TABLE parts (
+            id TEXT PRIMARY KEY,
+            session_id TEXT NOT NULL,
+            message_id TEXT NOT NULL,
+            type TEXT NOT NULL,
+            status TEXT,
+            seq INTEGER NOT NULL,
+            data TEXT NOT NULL
+        )""",
+        "CREATE INDEX parts_session ON parts(session_id, seq)",
+        "CREATE INDEX parts_message ON parts(message_id)",
+        """CREATE TABLE inbox (
+            id TEXT PRIMARY KEY,
+            session_id TEXT NOT NULL,
+            delivery TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            data TEXT NOT NULL
+        )""",
+        "CREATE INDEX inbox_session ON inbox(session_id, seq)",
+        """CREATE TABLE approvals (
+            project TEXT NOT NULL,
+            permission TEXT NOT NULL,
+            pattern TEXT NOT NULL,
+            created REAL NOT NULL,
+            PRIMARY KEY (project, permission, pattern)
+        )""",
+    ),
+)
+
+SCHEMA_VERSION: Final = len(MIGRATIONS)

@@ -1,0 +1,226 @@
+"""The ``glob`` tool, plus the glob matching and tree walking that grep and list share."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import trio
+from pydantic import Field
+
+from harness.tools.base import (
+    PermissionNeed,
+    Tool,
+    ToolContext,
+    ToolFailure,
+    ToolOutput,
+    ToolParams,
+)
+from harness.tools.paths import display_path, external_need, resolve_path
+
+T = TypeVar("T")
+
+MAX_RESULTS = 100
+# Vendored, generated or VCS trees: never what the model is looking for, and often huge.
+IGNORED_DIRS = frozenset({".git", "node_modules", "__pycache__", ".venv"})
+
+
+def _balanced_braces(pattern: str) -> bool:
+    depth = 0
+    for c in pattern:
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth < 0:
+                return False
+    return depth == 0
+
+
+def glob_to_regex(pattern: str) -> str:
+    """Translate a glob (``*``, ``?``, ``**``, ``[...]``, ``{a,b}``) into a regex body.
+
+    ``*`` and ``?`` stay within one path segment; ``**/`` spans any number of directories,
+    including none.
+    """
+    braces = _balanced_braces(pattern)
+    out: list[str] = []
+    depth = 0
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "*":
+            if pattern.startswith("**", i):
+                i += 2
+                if i < n and pattern[i] == "/":
+                    out.append("(?:.*/)?")
+                    i += 1
+                else:
+                    out.append(".*")
+                continue
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "[":
+            j = i + 1
+            if j < n and pattern[j] in "!^":
+                j += 1
+            if j < n and pattern[j] == "]":
+                j += 1
+            while j < n and pattern[j] != "]":
+                j += 1
+            if j >= n:
+                out.append(re.escape(c))
+            else:
+                body = pattern[i + 1 : j]
+                negate = body[:1] in ("!", "^")
+                if negate:
+                    body = body[1:]
+                body = body.replace("\\", "\\\\")
+                out.append(f"[{'^' if negate else ''}{body}]")
+                i = j
+        elif c == "{" and braces:
+            depth += 1
+            out.append("(?:")
+        elif c == "}" and braces and depth:
+            depth -= 1
+            out.append(")")
+        elif c == "," and depth:
+            out.append("|")
+        elif c == "\\" and i + 1 < n:
+            i += 1
+            out.append(re.escape(pattern[i]))
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return "".join(out)
+
+
+def compile_glob(pattern: str) -> Callable[[str], bool]:
+    """A matcher on ``/``-separated relative paths.
+
+    As with ripgrep and .gitignore, a pattern without a ``/`` matches a file's name at any
+    depth (``*.py``); one with a ``/`` matches the whole path from the search root.
+    """
+    pattern = pattern.strip()
+    while pattern.startswith("./"):
+        pattern = pattern[2:]
+    pattern = pattern.lstrip("/")
+    try:
+        regex = re.compile(glob_to_regex(pattern) + r"\Z", re.DOTALL)
+    except re.error as e:
+        raise ToolFailure(f"Invalid glob pattern {pattern!r}: {e}") from None
+    if "/" in pattern:
+        return lambda rel: regex.match(rel) is not None
+    return lambda rel: regex.match(rel.rpartition("/")[2]) is not None
+
+
+def walk_files(root: Path, stop: threading.Event | None = None) -> Iterator[tuple[str, Path]]:
+    """Every file under ``root`` as (path relative to root with ``/``, absolute path).
+
+    Symlinked directories are not followed, so a link cycle cannot loop forever.
+    """
+    for dirpath, dirnames, filenames in os.walk(root):
+        if stop is not None and stop.is_set():
+            return
+        dirnames[:] = [d for d in dirnames if d not in IGNORED_DIRS]
+        base = Path(dirpath)
+        rel_dir = base.relative_to(root).as_posix()
+        prefix = "" if rel_dir == "." else rel_dir + "/"
+        for name in filenames:
+            yield prefix + name, base / name
+
+
+def mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+async def run_scan(fn: Callable[[threading.Event], T]) -> T:
+    """Run a blocking scan in a worker thread that stops early if the call is cancelled."""
+    stop = threading.Event()
+    try:
+        return await trio.to_thread.run_sync(fn, stop, abandon_on_cancel=True)
+    finally:
+        # On cancellation the abandoned thread sees this and stops at the next file.
+        stop.set()
+
+
+def _relative_pattern(pattern: str, root: Path) -> str:
+    # Models sometimes repeat the search directory in the pattern: "/repo/src/**/*.py".
+    prefix = str(root).rstrip("/") + "/"
+    return pattern[len(prefix) :] if pattern.startswith(prefix) else pattern
+
+
+class GlobParams(ToolParams):
+    pattern: str = Field(
+        description=(
+            "Glob to match, e.g. '**/*.py' or 'src/**/*.{ts,tsx}'. A pattern without '/' "
+            "matches file names at any depth."
+        )
+    )
+    path: str | None = Field(
+        default=None,
+        description="Directory to search in; defaults to the working directory.",
+    )
+
+
+class GlobTool(Tool[GlobParams]):
+    name = "glob"
+    description = (
+        "Find files by name pattern.\n"
+        "- Supports '*', '?', '**' (any number of directories), '[abc]' and '{a,b}'.\n"
+        "- A pattern without '/' matches file names at any depth: '*.py' finds every Python "
+        "file.\n"
+        f"- Returns at most {MAX_RESULTS} paths relative to the search directory, most "
+        "recently modified first.\n"
+        "- .git, node_modules, __pycache__ and .venv directories are skipped.\n"
+        "- Use grep to search file contents."
+    )
+    params = GlobParams
+    read_only = True
+
+    def permissions(self, args: GlobParams, ctx: ToolContext) -> list[PermissionNeed]:
+        root = resolve_path(args.path or ".", ctx)
+        needs = [need] if (need := external_need(root, ctx)) else []
+        # The pattern is rarely reused, so "always" covers the tool, not this one pattern.
+        needs.append(PermissionNeed(permission="glob", pattern=args.pattern, always="*"))
+        return needs
+
+    def title(self, args: GlobParams) -> str:
+        return f"glob {args.pattern}" + (f" in {args.path}" if args.path else "")
+
+    async def execute(self, args: GlobParams, ctx: ToolContext) -> ToolOutput:
+        root = resolve_path(args.path or ".", ctx)
+        shown = display_path(root, ctx)
+        if not root.is_dir():
+            what = "does not exist" if not root.exists() else "is not a directory"
+            raise ToolFailure(f"Cannot search {shown}: it {what}.")
+        match = compile_glob(_relative_pattern(args.pattern, root))
+
+        def scan(stop: threading.Event) -> list[tuple[float, str]]:
+            return [(mtime(p), rel) for rel, p in walk_files(root, stop) if match(rel)]
+
+        found = await run_scan(scan)
+        found.sort(key=lambda item: (-item[0], item[1]))
+        title = f"glob {args.pattern} in {shown}"
+        if not found:
+            return ToolOutput("No files found", title=title, metadata={"count": 0})
+        lines = [rel for _, rel in found[:MAX_RESULTS]]
+        if len(found) > MAX_RESULTS:
+            lines += [
+                "",
+                f"(Showing the {MAX_RESULTS} most recently modified of {len(found)} files. "
+                "Use a more specific pattern or path.)",
+            ]
+        return ToolOutput(
+            "\n".join(lines),
+            title=title,
+            metadata={"count": len(found), "limited": len(found) > MAX_RESULTS},
+        )

@@ -1,0 +1,52 @@
+"""Resolve model-given paths against the session directory (DESIGN §7).
+
+Every path is resolved through symlinks before it is judged, so a link inside the session
+directory that points elsewhere counts as outside, just like ``..``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from harness.tools.base import PermissionNeed, ToolContext
+
+
+def _root(ctx: ToolContext) -> Path:
+    # ctx.directory is meant to be resolved already; resolving again is cheap and keeps the
+    # inside/outside test honest if a caller passed a symlinked directory.
+    return Path(os.path.realpath(ctx.directory))
+
+
+def resolve_path(raw: str, ctx: ToolContext) -> Path:
+    """The real, absolute path ``raw`` names, relative paths taken from the session dir."""
+    expanded = Path(os.path.expanduser(raw.strip()))
+    if not expanded.is_absolute():
+        expanded = ctx.directory / expanded
+    return Path(os.path.realpath(expanded))
+
+
+def is_inside(path: Path, ctx: ToolContext) -> bool:
+    return path.is_relative_to(_root(ctx))
+
+
+def external_need(path: Path, ctx: ToolContext) -> PermissionNeed | None:
+    """The ``external_directory`` need for a resolved path outside the session dir, if any."""
+    if is_inside(path, ctx):
+        return None
+    directory = path if path.is_dir() else path.parent
+    glob = f"{directory}/*" if str(directory) != "/" else "/*"
+    return PermissionNeed(
+        permission="external_directory",
+        pattern=glob,
+        always=glob,
+        metadata={"path": str(path)},
+    )
+
+
+def display_path(path: Path, ctx: ToolContext) -> str:
+    """Relative to the session dir when inside it (``.`` for the dir itself), else absolute."""
+    root = _root(ctx)
+    if path.is_relative_to(root):
+        return str(path.relative_to(root)) or "."
+    return str(path)

@@ -1,0 +1,92 @@
+"""Process-group helpers: make sure nothing a tool started outlives the call (DESIGN §3).
+
+Every subprocess a tool starts runs in its own session, so its process group holds the
+command and everything it forks. Killing the group (not just the leader) is what stops a
+``sleep 300 &`` grandchild or a dev server a script left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import trio
+
+# How often liveness is re-read while waiting for a signalled group to die. Short, because a
+# cooperative group is usually gone within a few ms of SIGTERM and the caller is waiting.
+POLL_INTERVAL = 0.005
+# After SIGKILL the kernel still has to tear the processes down (longer under load or for a
+# process in uninterruptible sleep); wait this long for that before giving up.
+KILL_WAIT = 1.0
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any non-zombie process is still in process group ``pgid``.
+
+    Read from /proc because ``os.killpg(pgid, 0)`` also succeeds for a group whose members
+    are all zombies (an unreaped leader, say), which would make a dead group look alive.
+    """
+    wanted = str(pgid).encode()
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return False
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # exited between listdir and open, or not ours to read
+            continue
+        # The command name (field 2) is in parentheses and may itself contain spaces or
+        # parentheses, so the fixed fields are read after the *last* closing parenthesis.
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) < 3:
+            continue
+        state, pgrp = fields[0], fields[2]
+        if pgrp == wanted and state not in (b"Z", b"X"):
+            return True
+    return False
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> bool:
+    """Send ``sig`` to the group; False when there is no group left to signal."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        # A member changed credentials (setuid binary): we cannot signal it, and retrying
+        # will not help. Report the group as unsignallable rather than crash the caller.
+        return False
+    return True
+
+
+async def _wait_dead(pgid: int) -> None:
+    # Polling is the only option: the kernel offers no notification for "every member of a
+    # process group has exited" (a pidfd covers one process, not a group).
+    while group_alive(pgid):  # noqa: ASYNC110
+        await trio.sleep(POLL_INTERVAL)
+
+
+async def kill_process_group(pgid: int, *, grace: float = 0.2) -> None:
+    """SIGTERM group ``pgid``, give it ``grace`` seconds, then SIGKILL what is left.
+
+    Safe to await from a ``finally`` while the caller is being cancelled: the whole body is
+    shielded, so the kill always completes (bounded by ``grace`` + ``KILL_WAIT``).
+    """
+    with trio.CancelScope(shield=True):
+        if not group_alive(pgid):
+            return
+        if not _signal_group(pgid, signal.SIGTERM):
+            return
+        # A stopped member (SIGTSTP, a debugger) would hold SIGTERM pending until resumed.
+        _signal_group(pgid, signal.SIGCONT)
+        with trio.move_on_after(grace):
+            await _wait_dead(pgid)
+            return
+        if not _signal_group(pgid, signal.SIGKILL):
+            return
+        with trio.move_on_after(KILL_WAIT):
+            await _wait_dead(pgid)

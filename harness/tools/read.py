@@ -1,0 +1,209 @@
+"""The ``read`` tool: a page of a text file with line numbers, or a directory listing."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+
+import trio
+from pydantic import Field
+
+from harness.tools.base import (
+    PermissionNeed,
+    Tool,
+    ToolContext,
+    ToolFailure,
+    ToolOutput,
+    ToolParams,
+)
+from harness.tools.paths import display_path, external_need, resolve_path
+from harness.tools.truncate import MAX_BYTES, MAX_LINES
+
+DEFAULT_LIMIT = 2000
+MAX_LINE_CHARS = 2000
+MAX_PAGE_BYTES = MAX_BYTES
+# The executor truncates every output to MAX_LINES / MAX_BYTES; a page plus its blank line
+# and footer stays inside both, so the continue hint is never cut off.
+_PAGE_LINES = MAX_LINES - 2
+_PAGE_BYTES = MAX_BYTES - 512
+BINARY_SAMPLE = 4096
+# Below this a thread hop costs more than the read it would offload.
+THREAD_THRESHOLD = 1024 * 1024
+
+
+class ReadParams(ToolParams):
+    path: str = Field(
+        description="File or directory to read, absolute or relative to the working directory."
+    )
+    offset: int = Field(default=1, ge=1, description="Line number to start from (1-based).")
+    limit: int = Field(default=DEFAULT_LIMIT, ge=1, description="Maximum number of lines to read.")
+
+
+def looks_binary(sample: bytes) -> bool:
+    """A NUL byte, or more than 30% control characters other than whitespace."""
+    if not sample:
+        return False
+    if b"\0" in sample:
+        return True
+    odd = sum(1 for b in sample if b < 9 or 13 < b < 32)
+    return odd / len(sample) > 0.3
+
+
+def cut_line(line: str) -> str:
+    if len(line) > MAX_LINE_CHARS:
+        return line[:MAX_LINE_CHARS] + f"... (line truncated to {MAX_LINE_CHARS} chars)"
+    return line
+
+
+def _missing(path: Path, ctx: ToolContext) -> ToolFailure:
+    message = f"File not found: {display_path(path, ctx)}"
+    parent = path.parent
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return ToolFailure(message)
+    wanted = path.name.lower()
+    by_lower = {name.lower(): name for name in names}
+    close = [by_lower[n] for n in difflib.get_close_matches(wanted, list(by_lower), n=3)]
+    # Close spellings first, then names that merely contain the wanted one (foo -> foo.py).
+    for name in sorted(names):
+        if len(close) >= 3:
+            break
+        if name not in close and (wanted in name.lower() or name.lower() in wanted):
+            close.append(name)
+    if close:
+        shown = "\n".join(display_path(parent / name, ctx) for name in close[:3])
+        message += f"\n\nDid you mean one of these?\n{shown}"
+    return ToolFailure(message)
+
+
+def _list_directory(path: Path, offset: int, limit: int) -> tuple[str, int]:
+    entries: list[str] = []
+    with os.scandir(path) as it:
+        for entry in it:
+            try:
+                is_dir = entry.is_dir()
+            except OSError:
+                is_dir = False
+            entries.append(entry.name + "/" if is_dir else entry.name)
+    entries.sort()
+    total = len(entries)
+    if total and offset > total:
+        raise ToolFailure(f"Offset {offset} is past the end of the directory ({total} entries).")
+    page = entries[offset - 1 : offset - 1 + min(limit, _PAGE_LINES)]
+    end = offset - 1 + len(page)
+    if end < total:
+        footer = f"(Showing entries {offset}-{end} of {total}. Use offset={end + 1} to continue.)"
+    else:
+        footer = f"({total} entries)"
+    return "\n".join([*page, "", footer]), len(page)
+
+
+def _read_file(path: Path, offset: int, limit: int) -> tuple[str, int, int, bool]:
+    """Page of the file: (text, lines shown, total lines, more remain).
+
+    Streams line by line so a huge file costs memory only for the page it returns.
+    """
+    limit = min(limit, _PAGE_LINES)
+    with path.open("rb") as f:
+        if looks_binary(f.read(BINARY_SAMPLE)):
+            raise ToolFailure(
+                f"Cannot read binary file: {path}. Only text files can be read with this tool."
+            )
+        f.seek(0)
+        out: list[str] = []
+        used = 0
+        capped = False
+        total = 0
+        for raw in f:
+            total += 1
+            if total < offset:
+                continue
+            line = raw.decode("utf-8", errors="replace").rstrip("\n").rstrip("\r")
+            numbered = f"{total:>6}\t{cut_line(line)}"
+            size = len(numbered.encode("utf-8")) + 1
+            if out and used + size > _PAGE_BYTES:
+                capped = True
+                break
+            out.append(numbered)
+            used += size
+            if len(out) >= limit:
+                break
+        # The page is full: count the remaining lines without decoding them.
+        last = b"\n"
+        while chunk := f.read(1 << 20):
+            total += chunk.count(b"\n")
+            last = chunk[-1:]
+        if last != b"\n":
+            total += 1
+
+    if total and offset > total:
+        raise ToolFailure(f"Offset {offset} is past the end of the file ({total} lines).")
+    shown = len(out)
+    end = offset - 1 + shown
+    more = end < total
+    if not more:
+        footer = f"(End of file - total {total} lines)"
+    elif capped:
+        footer = (
+            f"(Output capped at {MAX_PAGE_BYTES // 1024} KB. File has more lines. "
+            f"Use offset={end + 1} to continue.)"
+        )
+    else:
+        footer = f"(File has more lines. Use offset={end + 1} to continue.)"
+    return "\n".join([*out, "", footer]) if out else footer, shown, total, more
+
+
+class ReadTool(Tool[ReadParams]):
+    name = "read"
+    description = (
+        "Read a text file from the local filesystem, or list a directory.\n"
+        "- The path may be absolute or relative to the working directory.\n"
+        f"- By default reads up to {DEFAULT_LIMIT} lines from the start; use offset (1-based "
+        "line number) and limit to page through long files.\n"
+        "- Output lines are prefixed with their line number and a tab; the number and tab are "
+        "not part of the file, so leave them out of edit's old_string.\n"
+        f"- Lines longer than {MAX_LINE_CHARS} characters are cut; a page is capped at "
+        f"{MAX_PAGE_BYTES // 1024} KB.\n"
+        "- A directory path lists its entries, subdirectories marked with a trailing '/'.\n"
+        "- Binary files cannot be read.\n"
+        "- Read a file before editing it, and prefer reading several likely files at once."
+    )
+    params = ReadParams
+    read_only = True
+
+    def permissions(self, args: ReadParams, ctx: ToolContext) -> list[PermissionNeed]:
+        path = resolve_path(args.path, ctx)
+        needs = [need] if (need := external_need(path, ctx)) else []
+        needs.append(PermissionNeed(permission="read", pattern=str(path), always=str(path)))
+        return needs
+
+    def title(self, args: ReadParams) -> str:
+        return f"read {args.path}"
+
+    async def execute(self, args: ReadParams, ctx: ToolContext) -> ToolOutput:
+        path = resolve_path(args.path, ctx)
+        shown_path = display_path(path, ctx)
+        title = f"read {shown_path}"
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            raise _missing(path, ctx) from None
+        except OSError as e:
+            raise ToolFailure(f"Cannot read {shown_path}: {e.strerror}") from None
+
+        try:
+            if path.is_dir():
+                text, shown = _list_directory(path, args.offset, args.limit)
+                return ToolOutput(text, title=title, metadata={"lines": shown})
+            if st.st_size > THREAD_THRESHOLD:
+                text, shown, total, more = await trio.to_thread.run_sync(
+                    _read_file, path, args.offset, args.limit
+                )
+            else:
+                text, shown, total, more = _read_file(path, args.offset, args.limit)
+        except OSError as e:
+            raise ToolFailure(f"Cannot read {shown_path}: {e.strerror}") from None
+        metadata = {"lines": shown, "total_lines": total, "more": more}
+        return ToolOutput(text, title=title, metadata=metadata)

@@ -1,0 +1,189 @@
+"""The pure permission rule engine: wildcards, last-match-wins, merging, CLI flags, agents."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.agents import AGENTS, UnknownAgentError, get_agent
+from harness.messages.model import Rule
+from harness.permissions.ruleset import (
+    DEFAULT_RULES,
+    allow_all,
+    disabled_tools,
+    evaluate,
+    merge,
+    parse_rule_flag,
+    permission_for_tool,
+)
+from harness.permissions.wildcard import match
+
+
+def rule(permission: str, pattern: str, action: str) -> Rule:
+    return Rule.model_validate({"permission": permission, "pattern": pattern, "action": action})
+
+
+# --- wildcard ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pattern", "text", "expected"),
+    [
+        ("*", "", True),
+        ("*", "anything/at/all", True),
+        ("src/*", "src/a/b.py", True),  # `*` crosses `/`
+        ("src/*", "lib/src/a.py", False),  # whole-string match
+        ("*.py", "a.pyc", False),
+        ("?.py", "a.py", True),
+        ("?.py", "ab.py", False),
+        ("?.py", ".py", False),
+        ("a.b", "axb", False),  # `.` is literal, not a regex
+        ("[ab]", "[ab]", True),
+        ("(x)+", "(x)+", True),
+        ("git status *", "git status", True),  # trailing " *" covers the bare command
+        ("git status *", "git status --short", True),
+        ("git status *", "git statusx", False),
+        ("git *", "git", True),
+        ("git *", "gitk", False),
+        ("echo *", "echo a\nb", True),  # multi-line commands
+        ("Read", "read", False),  # case-sensitive
+    ],
+)
+def test_wildcard(pattern: str, text: str, expected: bool) -> None:
+    assert match(pattern, text) is expected
+
+
+# --- evaluate and merge ------------------------------------------------------------------
+
+
+def test_last_matching_rule_wins() -> None:
+    rules = [rule("bash", "*", "deny"), rule("bash", "git *", "allow"), rule("edit", "*", "deny")]
+    assert evaluate("bash", "git log", rules) == ("allow", rules[1])
+    assert evaluate("bash", "rm -rf x", rules) == ("deny", rules[0])
+    later = [*rules, rule("bash", "git push *", "deny")]
+    assert evaluate("bash", "git push origin", later)[0] == "deny"
+    assert evaluate("bash", "git pull", later)[0] == "allow"
+
+
+def test_no_match_asks() -> None:
+    assert evaluate("bash", "ls", []) == ("ask", None)
+    assert evaluate("websearch", "x", [rule("bash", "*", "allow")]) == ("ask", None)
+
+
+def test_permission_is_a_wildcard_too() -> None:
+    rules = [rule("*", "*", "deny"), rule("todo*", "*", "allow")]
+    assert evaluate("todoread", "*", rules)[0] == "allow"
+    assert evaluate("read", "a.py", rules)[0] == "deny"
+
+
+def test_merge_order_session_beats_agent_and_later_allow_beats_earlier_deny() -> None:
+    agent = [rule("bash", "*", "allow")]
+    config = [rule("bash", "rm *", "deny")]
+    session = [rule("bash", "*", "deny")]
+    merged = merge(DEFAULT_RULES, agent, config, session)
+    assert merged[: len(DEFAULT_RULES)] == list(DEFAULT_RULES)
+    assert evaluate("bash", "ls", merged)[0] == "deny"
+
+    approved = [rule("bash", "rm build/*", "allow")]
+    merged = merge(DEFAULT_RULES, agent, config, approved)
+    assert evaluate("bash", "rm build/x", merged)[0] == "allow"
+    assert evaluate("bash", "rm src/x", merged)[0] == "deny"
+    assert merge() == []
+
+
+def test_defaults() -> None:
+    for tool in ("read", "glob", "grep", "list", "todoread", "todowrite", "task", "question"):
+        assert evaluate(tool, "src/a.py", DEFAULT_RULES)[0] == "allow", tool
+    for perm in ("edit", "bash", "webfetch", "external_directory", "doom_loop", "unknown"):
+        assert evaluate(perm, "x", DEFAULT_RULES)[0] == "ask", perm
+
+
+def test_env_files_ask_but_example_is_allowed() -> None:
+    assert evaluate("read", "/p/.env", DEFAULT_RULES)[0] == "ask"
+    assert evaluate("read", "config/prod.env", DEFAULT_RULES)[0] == "ask"
+    assert evaluate("read", "/p/.env.local", DEFAULT_RULES)[0] == "ask"
+    assert evaluate("read", "/p/x.env.example", DEFAULT_RULES)[0] == "allow"
+    assert evaluate("read", "/p/environment.py", DEFAULT_RULES)[0] == "allow"
+
+
+# --- CLI flags -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "permission", "pattern"),
+    [
+        ("bash:git *", "bash", "git *"),
+        ("edit", "edit", "*"),
+        ("read:src/*", "read", "src/*"),
+        ("  bash : ls  ", "bash", "ls"),
+        ("bash:echo a:b", "bash", "echo a:b"),  # only the first colon separates
+        ("write:docs/*", "edit", "docs/*"),  # write is checked as edit
+        ("*", "*", "*"),
+    ],
+)
+def test_parse_rule_flag(text: str, permission: str, pattern: str) -> None:
+    assert parse_rule_flag(text, "deny") == rule(permission, pattern, "deny")
+
+
+@pytest.mark.parametrize("text", ["", "   ", ":git *", "bash:", "bash: ", "my tool:x"])
+def test_parse_rule_flag_rejects_bad_input(text: str) -> None:
+    with pytest.raises(ValueError, match="rule"):
+        parse_rule_flag(text, "allow")
+
+
+def test_allow_all_keeps_later_denies() -> None:
+    rules = merge(DEFAULT_RULES, allow_all(), [parse_rule_flag("bash:rm *", "deny")])
+    assert evaluate("bash", "ls", rules)[0] == "allow"
+    assert evaluate("edit", "a.py", rules)[0] == "allow"
+    assert evaluate("bash", "rm -rf x", rules)[0] == "deny"
+
+
+# --- disabled tools ------------------------------------------------------------------------
+
+
+def test_permission_for_tool() -> None:
+    assert [permission_for_tool(t) for t in ("write", "edit", "apply_patch", "bash")] == [
+        "edit",
+        "edit",
+        "edit",
+        "bash",
+    ]
+
+
+def test_disabled_tools() -> None:
+    tools = ["read", "write", "edit", "bash", "webfetch"]
+    assert disabled_tools(tools, DEFAULT_RULES) == set()
+    plan = merge(DEFAULT_RULES, get_agent("plan").rules)
+    assert disabled_tools(tools, plan) == {"write", "edit", "bash"}
+    # A specific allow after the blanket deny keeps the tool usable.
+    assert disabled_tools(tools, [*plan, rule("edit", "plans/*", "allow")]) == {"bash"}
+    # A deny on one pattern only does not hide the tool.
+    assert disabled_tools(["bash"], [rule("bash", "rm *", "deny")]) == set()
+    assert disabled_tools(tools, [rule("*", "*", "deny")]) == set(tools)
+
+
+# --- agents ----------------------------------------------------------------------------------
+
+
+def test_agents() -> None:
+    assert set(AGENTS) >= {"build", "plan", "general"}
+    build = merge(DEFAULT_RULES, get_agent("build").rules)
+    assert evaluate("edit", "a.py", build)[0] == "ask"
+    assert evaluate("bash", "ls", build)[0] == "ask"
+    assert evaluate("read", "a.py", build)[0] == "allow"
+    plan = merge(DEFAULT_RULES, get_agent("plan").rules)
+    assert evaluate("edit", "a.py", plan)[0] == "deny"
+    assert evaluate("bash", "ls", plan)[0] == "deny"
+    assert evaluate("webfetch", "https://x", plan)[0] == "ask"
+    assert evaluate("grep", "*", plan)[0] == "allow"
+    general = get_agent("general")
+    assert general.mode == "subagent"
+    assert evaluate("todowrite", "*", merge(DEFAULT_RULES, general.rules))[0] == "deny"
+    assert get_agent("build").mode == "primary"
+
+
+def test_unknown_agent() -> None:
+    with pytest.raises(UnknownAgentError) as info:
+        get_agent("nope")
+    assert isinstance(info.value, KeyError)
+    assert isinstance(info.value, ValueError)
+    assert str(info.value) == "unknown agent 'nope'; available: build, general, plan"
