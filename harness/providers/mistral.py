@@ -1,0 +1,291 @@
+"""``mistral/<model>``: Mistral's chat completions, typed by the ``mistralai`` SDK (DESIGN §6).
+
+The SDK supplies the request and chunk models only. Its own ``stream_async`` is
+asyncio-only (it fails under Trio) and parses chunks about 14x slower, so the stream is
+read over a Trio-native httpx client and each ``data:`` line is validated directly with
+``CompletionChunk``. The registry imports this module lazily: the SDK costs ~0.3-0.5 s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import secrets
+import string
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing, asynccontextmanager
+from typing import Any
+
+import httpx
+import pydantic
+from mistralai.client.models import (
+    AssistantMessage,
+    ChatCompletionStreamRequest,
+    CompletionChunk,
+    Function,
+    FunctionCall,
+    SystemMessage,
+    TextChunk,
+    ThinkChunk,
+    Tool,
+    ToolCall,
+    ToolMessage,
+    UsageInfo,
+    UserMessage,
+)
+
+from harness.messages.model import Tokens
+from harness.messages.provider import (
+    AssistantTurn,
+    Finish,
+    ProviderRequest,
+    ReasoningDelta,
+    StreamEvent,
+    TextDelta,
+    ToolCallEvent,
+    ToolResult,
+    UserTurn,
+)
+from harness.providers.errors import AuthError, ProviderError, TruncatedStreamError
+from harness.providers.pricing import DEFAULT_PRICES, PriceTable
+from harness.providers.sse import (
+    ToolCallAssembler,
+    error_for_body,
+    error_for_transport,
+    message_of,
+    open_stream,
+    sse_data,
+)
+
+DEFAULT_BASE_URL = "https://api.mistral.ai"
+KEY_ENV = "MISTRAL_API_KEY"
+TIMEOUT = httpx.Timeout(connect=15.0, read=300.0, write=60.0, pool=30.0)
+
+_ID_ALPHABET = string.ascii_letters + string.digits
+_VALID_ID = re.compile(r"[A-Za-z0-9]{9}\Z")
+
+ChatMessage = SystemMessage | UserMessage | AssistantMessage | ToolMessage
+
+
+def mistral_tool_call_id(raw: str) -> str:
+    """The id Mistral accepts (exactly 9 of ``[A-Za-z0-9]``) for any id, deterministically.
+
+    Valid ids are kept; others are hashed, so a call and its result map to the same id
+    wherever they occur, including history written by another provider.
+    """
+    if _VALID_ID.match(raw):
+        return raw
+    number = int.from_bytes(hashlib.sha256(raw.encode("utf-8")).digest()[:8], "big")
+    chars = []
+    for _ in range(9):
+        number, rest = divmod(number, len(_ID_ALPHABET))
+        chars.append(_ID_ALPHABET[rest])
+    return "".join(chars)
+
+
+def new_tool_call_id() -> str:
+    return "".join(secrets.choice(_ID_ALPHABET) for _ in range(9))
+
+
+def chat_url(base_url: str | None) -> str:
+    base = (base_url or DEFAULT_BASE_URL).rstrip("/")
+    # The SDK's server_url is the root, but people paste the /v1 URL too: accept both.
+    if base.endswith("/v1"):
+        return f"{base}/chat/completions"
+    return f"{base}/v1/chat/completions"
+
+
+def build_messages(request: ProviderRequest) -> list[ChatMessage]:
+    messages: list[ChatMessage] = []
+    system = "\n\n".join(s for s in request.system if s)
+    # One system message: several are accepted by the API but not by every model template.
+    if system:
+        messages.append(SystemMessage(content=system))
+    for turn in request.messages:
+        if isinstance(turn, UserTurn):
+            messages.append(UserMessage(content=turn.text))
+        elif isinstance(turn, AssistantTurn):
+            if turn.tool_calls:
+                calls = [
+                    ToolCall(
+                        id=mistral_tool_call_id(call.id),
+                        function=FunctionCall(name=call.name, arguments=call.arguments or "{}"),
+                    )
+                    for call in turn.tool_calls
+                ]
+                if turn.text:
+                    messages.append(AssistantMessage(content=turn.text, tool_calls=calls))
+                else:
+                    messages.append(AssistantMessage(tool_calls=calls))
+            elif turn.text:
+                messages.append(AssistantMessage(content=turn.text))
+            # An empty assistant turn (cancelled before any output) says nothing and the
+            # API rejects an assistant message with neither content nor tool calls.
+        elif isinstance(turn, ToolResult):
+            messages.append(
+                ToolMessage(
+                    content=turn.content,
+                    tool_call_id=mistral_tool_call_id(turn.call_id),
+                    name=turn.name,
+                )
+            )
+    return messages
+
+
+def build_request(request: ProviderRequest) -> ChatCompletionStreamRequest:
+    options: dict[str, Any] = {}
+    if request.tools:
+        options["tools"] = [
+            Tool(
+                function=Function(
+                    name=spec.name, description=spec.description, parameters=spec.parameters
+                )
+            )
+            for spec in request.tools
+        ]
+        options["tool_choice"] = request.tool_choice
+        options["parallel_tool_calls"] = True
+    if request.max_tokens is not None:
+        options["max_tokens"] = request.max_tokens
+    if request.temperature is not None:
+        options["temperature"] = request.temperature
+    return ChatCompletionStreamRequest(
+        model=request.model, messages=build_messages(request), stream=True, **options
+    )
+
+
+def encode_request(request: ProviderRequest) -> bytes:
+    return build_request(request).model_dump_json(by_alias=True).encode("utf-8")
+
+
+def tokens_of(usage: UsageInfo | None) -> Tokens:
+    if usage is None:
+        return Tokens()
+    return Tokens(input=usage.prompt_tokens or 0, output=usage.completion_tokens or 0)
+
+
+def _parse_chunk(data: str) -> CompletionChunk:
+    try:
+        return CompletionChunk.model_validate_json(data)
+    except pydantic.ValidationError as exc:
+        err = _stream_error(data)
+        if err is not None:
+            raise err from None
+        raise ProviderError(f"mistral: malformed stream chunk: {data[:200]!r}") from exc
+
+
+def _stream_error(data: str) -> ProviderError | None:
+    try:
+        parsed = json.loads(data)
+    except ValueError:
+        return None
+    if not isinstance(parsed, dict):
+        return None
+    if parsed.get("error") or parsed.get("object") == "error":
+        message = message_of(parsed) or data[:500]
+        return error_for_body("mistral", message)
+    return None
+
+
+async def chunks_to_events(
+    data: AsyncIterator[str], model: str, prices: PriceTable
+) -> AsyncGenerator[StreamEvent, None]:
+    calls = ToolCallAssembler()
+    finish: str | None = None
+    usage: UsageInfo | None = None
+    try:
+        async for payload in data:
+            chunk = _parse_chunk(payload)
+            if chunk.usage is not None:
+                usage = chunk.usage
+            for choice in chunk.choices:
+                delta = choice.delta
+                content = delta.content
+                if isinstance(content, str):
+                    if content:
+                        yield TextDelta(content)
+                elif isinstance(content, list):
+                    for part in content:
+                        if isinstance(part, TextChunk):
+                            if part.text:
+                                yield TextDelta(part.text)
+                        elif isinstance(part, ThinkChunk):
+                            for thought in part.thinking:
+                                if isinstance(thought, TextChunk) and thought.text:
+                                    yield ReasoningDelta(thought.text)
+                tool_calls = delta.tool_calls
+                if isinstance(tool_calls, list):
+                    for call in tool_calls:
+                        call_id = call.id if call.id and call.id != "null" else ""
+                        calls.add(
+                            call.index or 0, call_id, call.function.name, call.function.arguments
+                        )
+                if choice.finish_reason is not None:
+                    finish = str(choice.finish_reason)
+    except httpx.TransportError as exc:
+        raise error_for_transport("mistral", exc) from exc
+    if finish is None:
+        raise TruncatedStreamError("mistral: the stream ended without a finish reason")
+    for pending in calls.calls:
+        yield ToolCallEvent(
+            id=pending.id or new_tool_call_id(),
+            name=pending.name,
+            arguments=pending.arguments_text(),
+        )
+    if calls.calls and finish == "stop":
+        finish = "tool_calls"
+    tokens = tokens_of(usage)
+    yield Finish(reason=finish, usage=tokens, cost=prices.cost(model, tokens))
+
+
+class MistralProvider:
+    name = "mistral"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str | None,
+        base_url: str | None = None,
+        http_client: httpx.AsyncClient | None = None,
+        prices: PriceTable | None = None,
+    ) -> None:
+        if not api_key:
+            raise AuthError(
+                f"{KEY_ENV} is not set: export {KEY_ENV}=<your key> "
+                "(https://console.mistral.ai/api-keys)"
+            )
+        self.model = model
+        self.url = chat_url(base_url)
+        self._headers = {
+            "Authorization": f"Bearer {api_key}",
+            "Content-Type": "application/json",
+            "Accept": "text/event-stream",
+        }
+        self._owns_client = http_client is None
+        self._client = (
+            http_client if http_client is not None else httpx.AsyncClient(timeout=TIMEOUT)
+        )
+        self._prices = prices if prices is not None else DEFAULT_PRICES
+
+    @asynccontextmanager
+    async def stream(self, request: ProviderRequest) -> AsyncIterator[AsyncIterator[StreamEvent]]:
+        body = encode_request(request)
+        async with open_stream(
+            self._client,
+            self.url,
+            headers=self._headers,
+            body=body,
+            provider=self.name,
+            key_env=KEY_ENV,
+        ) as response:
+            data = sse_data(response)
+            async with aclosing(data):
+                events = chunks_to_events(data, request.model or self.model, self._prices)
+                async with aclosing(events):
+                    yield events
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()

@@ -1,0 +1,241 @@
+"""``openai/<model>``: any OpenAI-compatible chat-completions server (vLLM, llama.cpp, Ollama…).
+
+Plain JSON by hand and no SDK: these servers differ in small ways (reasoning field name,
+missing ids, usage only on request), so the parsing is deliberately lenient about shapes
+and strict only about what we need.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing, asynccontextmanager
+from typing import Any
+
+import httpx
+
+from harness.messages.model import Tokens
+from harness.messages.provider import (
+    AssistantTurn,
+    Finish,
+    ProviderRequest,
+    ReasoningDelta,
+    StreamEvent,
+    TextDelta,
+    ToolCallEvent,
+    ToolResult,
+    UserTurn,
+)
+from harness.providers.errors import ProviderError, TruncatedStreamError
+from harness.providers.pricing import PriceTable
+from harness.providers.sse import (
+    ToolCallAssembler,
+    error_for_body,
+    error_for_transport,
+    message_of,
+    open_stream,
+    sse_data,
+)
+
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+KEY_ENV = "OPENAI_API_KEY"
+# Local servers may take minutes to load a model before the first byte.
+TIMEOUT = httpx.Timeout(connect=15.0, read=600.0, write=60.0, pool=30.0)
+
+# Where servers put reasoning text: vLLM, llama.cpp and DeepSeek say reasoning_content,
+# Ollama and OpenRouter say reasoning.
+_REASONING_KEYS = ("reasoning_content", "reasoning")
+
+
+def new_tool_call_id() -> str:
+    return "call_" + secrets.token_hex(12)
+
+
+def build_body(request: ProviderRequest) -> dict[str, Any]:
+    messages: list[dict[str, Any]] = []
+    system = "\n\n".join(s for s in request.system if s)
+    if system:
+        messages.append({"role": "system", "content": system})
+    for turn in request.messages:
+        if isinstance(turn, UserTurn):
+            messages.append({"role": "user", "content": turn.text})
+        elif isinstance(turn, AssistantTurn):
+            if not turn.text and not turn.tool_calls:
+                continue
+            message: dict[str, Any] = {"role": "assistant", "content": turn.text or None}
+            if turn.tool_calls:
+                message["tool_calls"] = [
+                    {
+                        "id": call.id,
+                        "type": "function",
+                        "function": {"name": call.name, "arguments": call.arguments or "{}"},
+                    }
+                    for call in turn.tool_calls
+                ]
+            messages.append(message)
+        elif isinstance(turn, ToolResult):
+            messages.append({"role": "tool", "tool_call_id": turn.call_id, "content": turn.content})
+    body: dict[str, Any] = {
+        "model": request.model,
+        "messages": messages,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if request.tools:
+        body["tools"] = [
+            {
+                "type": "function",
+                "function": {
+                    "name": spec.name,
+                    "description": spec.description,
+                    "parameters": spec.parameters,
+                },
+            }
+            for spec in request.tools
+        ]
+        body["tool_choice"] = request.tool_choice
+        body["parallel_tool_calls"] = True
+    if request.max_tokens is not None:
+        body["max_tokens"] = request.max_tokens
+    if request.temperature is not None:
+        body["temperature"] = request.temperature
+    return body
+
+
+def tokens_of(usage: Any) -> Tokens:
+    if not isinstance(usage, dict):
+        return Tokens()
+    prompt = usage.get("prompt_tokens")
+    completion = usage.get("completion_tokens")
+    return Tokens(
+        input=prompt if isinstance(prompt, int) else 0,
+        output=completion if isinstance(completion, int) else 0,
+    )
+
+
+def _parse_chunk(data: str) -> dict[str, Any]:
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        chunk = None
+    if not isinstance(chunk, dict):
+        raise ProviderError(f"openai: malformed stream chunk: {data[:200]!r}")
+    if chunk.get("error") or chunk.get("object") == "error":
+        raise error_for_body("openai", message_of(chunk) or data[:500])
+    choices = chunk.get("choices") or []
+    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+        raise ProviderError(f"openai: malformed stream chunk: {data[:200]!r}")
+    return chunk
+
+
+def _str(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+async def chunks_to_events(
+    data: AsyncIterator[str], model: str, prices: PriceTable
+) -> AsyncGenerator[StreamEvent, None]:
+    calls = ToolCallAssembler()
+    finish: str | None = None
+    usage: Any = None
+    try:
+        async for payload in data:
+            chunk = _parse_chunk(payload)
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for choice in chunk.get("choices") or ():
+                delta = choice.get("delta")
+                if isinstance(delta, dict):
+                    for key in _REASONING_KEYS:
+                        reasoning = delta.get(key)
+                        if isinstance(reasoning, str) and reasoning:
+                            yield ReasoningDelta(reasoning)
+                            break
+                    content = delta.get("content")
+                    if isinstance(content, str) and content:
+                        yield TextDelta(content)
+                    tool_calls = delta.get("tool_calls")
+                    if isinstance(tool_calls, list):
+                        for position, call in enumerate(tool_calls):
+                            if not isinstance(call, dict):
+                                raise ProviderError(
+                                    f"openai: malformed tool call in chunk: {payload[:200]!r}"
+                                )
+                            function = call.get("function")
+                            if not isinstance(function, dict):
+                                function = {}
+                            index = call.get("index")
+                            arguments = function.get("arguments")
+                            has_index = isinstance(index, int)
+                            calls.add(
+                                index if isinstance(index, int) else position,
+                                _str(call.get("id")),
+                                _str(function.get("name")),
+                                arguments if isinstance(arguments, dict) else _str(arguments),
+                                new_id_starts_call=not has_index,
+                            )
+                reason = choice.get("finish_reason")
+                if isinstance(reason, str) and reason:
+                    finish = reason
+    except httpx.TransportError as exc:
+        raise error_for_transport("openai", exc) from exc
+    if finish is None:
+        raise TruncatedStreamError("openai: the stream ended without a finish reason")
+    for pending in calls.calls:
+        yield ToolCallEvent(
+            id=pending.id or new_tool_call_id(),
+            name=pending.name,
+            arguments=pending.arguments_text(),
+        )
+    # Ollama and some llama.cpp builds finish a tool-calling turn with "stop".
+    if calls.calls and finish == "stop":
+        finish = "tool_calls"
+    tokens = tokens_of(usage)
+    yield Finish(reason=finish, usage=tokens, cost=prices.cost(model, tokens))
+
+
+class OpenAIProvider:
+    name = "openai"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        http_client: httpx.AsyncClient | None = None,
+        prices: PriceTable | None = None,
+    ) -> None:
+        self.model = model
+        self.url = f"{(base_url or DEFAULT_BASE_URL).rstrip('/')}/chat/completions"
+        self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        # Local servers usually want no key at all; sending an empty Bearer upsets some.
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._owns_client = http_client is None
+        self._client = (
+            http_client if http_client is not None else httpx.AsyncClient(timeout=TIMEOUT)
+        )
+        self._prices = prices if prices is not None else PriceTable()
+
+    @asynccontextmanager
+    async def stream(self, request: ProviderRequest) -> AsyncIterator[AsyncIterator[StreamEvent]]:
+        body = json.dumps(build_body(request), ensure_ascii=False).encode("utf-8")
+        async with open_stream(
+            self._client,
+            self.url,
+            headers=self._headers,
+            body=body,
+            provider=self.name,
+            key_env=KEY_ENV,
+        ) as response:
+            data = sse_data(response)
+            async with aclosing(data):
+                events = chunks_to_events(data, request.model or self.model, self._prices)
+                async with aclosing(events):
+                    yield events
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()

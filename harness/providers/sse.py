@@ -1,0 +1,278 @@
+"""What the chat-completions providers share: SSE reading, HTTP errors, tool-call assembly.
+
+Lines are split on the bytes ourselves rather than with ``response.aiter_lines()``: httpx
+splits like ``str.splitlines``, which also breaks on U+2028, U+0085 and friends, and JSON
+allows those unescaped inside strings, so a model writing one would corrupt its chunk.
+SSE itself only knows CRLF, LF and CR.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import re
+import time
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from harness.providers.errors import (
+    AuthError,
+    BadRequestError,
+    ContextOverflowError,
+    ProviderError,
+    RetryableError,
+)
+
+DONE = "[DONE]"
+
+_EOL = re.compile(rb"\r\n|\r|\n")
+
+
+async def _lines(chunks: AsyncIterable[bytes]) -> AsyncGenerator[bytes, None]:
+    pending = b""
+    async for chunk in chunks:
+        if not chunk:
+            continue
+        pending += chunk
+        parts = _EOL.split(pending)
+        pending = parts.pop()
+        # A CR that ends a read may be the first half of a CRLF split across reads.
+        if pending == b"" and chunk.endswith(b"\r"):
+            last = parts.pop()
+            pending = last + b"\r"
+        for line in parts:
+            yield line
+    # An unterminated last line is a cut, not data: dropping it turns a connection lost
+    # mid-chunk into a truncated stream (retryable) instead of a malformed chunk.
+    if pending.endswith(b"\r"):
+        yield pending[:-1]
+
+
+async def aiter_sse_data(chunks: AsyncIterable[bytes]) -> AsyncGenerator[str, None]:
+    """Yield each event's ``data`` (multi-line data joined with ``\\n``) until ``[DONE]``.
+
+    Comments and the other fields (``event``, ``id``, ``retry``) are skipped: the chat
+    completion streams we read put everything in ``data``.
+    """
+    data: list[str] = []
+    async for raw in _lines(chunks):
+        if not raw:
+            if data:
+                payload = "\n".join(data)
+                data = []
+                if payload == DONE:
+                    return
+                yield payload
+            continue
+        if raw.startswith(b":"):
+            continue
+        field, sep, value = raw.partition(b":")
+        if field != b"data":
+            continue
+        if sep and value.startswith(b" "):
+            value = value[1:]
+        data.append(value.decode("utf-8", "replace"))
+    if data:
+        payload = "\n".join(data)
+        if payload != DONE:
+            yield payload
+
+
+def sse_data(response: httpx.Response) -> AsyncGenerator[str, None]:
+    return aiter_sse_data(response.aiter_bytes())
+
+
+# --- HTTP errors -------------------------------------------------------------------------
+
+# Loose on purpose: servers word this differently and change the wording over time; a
+# false "overflow" only costs a compaction, a missed one a failed step.
+_OVERFLOW = re.compile(
+    r"context[ _-]?(length|window)|maximum context|too large for model|prompt is too long"
+    r"|input is too long|too many tokens|exceeds? the (maximum|max|context)"
+    r"|reduce the length of the (messages|input|prompt)|token limit",
+    re.IGNORECASE,
+)
+
+# Retry-After may say anything; we cap how long one hint can park a session.
+MAX_RETRY_AFTER = 15 * 60.0
+
+
+def is_context_overflow(message: str) -> bool:
+    return _OVERFLOW.search(message) is not None
+
+
+def retry_after(headers: httpx.Headers, *, now: float | None = None) -> float | None:
+    """Seconds to wait from ``retry-after-ms`` or ``Retry-After`` (seconds or HTTP date)."""
+    ms = headers.get("retry-after-ms")
+    if ms is not None:
+        try:
+            return max(0.0, float(ms) / 1000.0)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def message_of(value: Any) -> str | None:
+    if isinstance(value, str):
+        return value or None
+    if isinstance(value, dict):
+        for key in ("message", "msg", "detail", "error"):
+            found = message_of(value.get(key))
+            if found:
+                return found
+        return None
+    if isinstance(value, list):
+        texts: list[str] = []
+        for item in value:
+            text = message_of(item)
+            if text is None:
+                continue
+            loc = item.get("loc") if isinstance(item, dict) else None
+            if isinstance(loc, list) and loc:
+                text = f"{'.'.join(str(p) for p in loc)}: {text}"
+            texts.append(text)
+        return "; ".join(texts) or None
+    return None
+
+
+def error_message(body: bytes) -> str:
+    """The human part of an error body (Mistral, OpenAI, FastAPI shapes), else the text."""
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        parsed = None
+    found = message_of(parsed) if parsed is not None else None
+    message = found if found is not None else text
+    return message[:2000] if message else "(empty response body)"
+
+
+def error_for_body(provider: str, message: str) -> ProviderError:
+    """An error reported inside a 200 stream (a ``data: {"error": …}`` event)."""
+    if is_context_overflow(message):
+        return ContextOverflowError(f"{provider}: context overflow: {message}")
+    return ProviderError(f"{provider}: {message}")
+
+
+def error_for_status(
+    provider: str, key_env: str, status: int, headers: httpx.Headers, body: bytes
+) -> ProviderError:
+    if status in (401, 403):
+        return AuthError(f"authentication failed: check {key_env}")
+    message = error_message(body)
+    if status == 429 or status == 408 or status >= 500:
+        return RetryableError(
+            f"{provider}: HTTP {status}: {message}", retry_after=retry_after(headers)
+        )
+    if status == 413 or is_context_overflow(message):
+        return ContextOverflowError(f"{provider}: context overflow (HTTP {status}): {message}")
+    return BadRequestError(f"{provider} rejected the request (HTTP {status}): {message}")
+
+
+def error_for_transport(
+    provider: str, exc: httpx.TransportError | httpx.InvalidURL
+) -> ProviderError:
+    detail = str(exc) or type(exc).__name__
+    if isinstance(exc, httpx.UnsupportedProtocol | httpx.InvalidURL):
+        return BadRequestError(f"{provider}: bad base URL: {detail}")
+    return RetryableError(f"{provider}: connection failed: {detail}")
+
+
+@asynccontextmanager
+async def open_stream(
+    client: httpx.AsyncClient,
+    url: str,
+    *,
+    headers: dict[str, str],
+    body: bytes,
+    provider: str,
+    key_env: str,
+) -> AsyncIterator[httpx.Response]:
+    """POST ``body`` and yield the 200 response; anything else raises a typed error.
+
+    The response lives inside ``async with client.stream``: leaving the block by any
+    route, a cancel included, closes the connection at once.
+    """
+    try:
+        async with client.stream("POST", url, headers=headers, content=body) as response:
+            if response.status_code != 200:
+                raw = await response.aread()
+                raise error_for_status(
+                    provider, key_env, response.status_code, response.headers, raw
+                )
+            yield response
+    except (httpx.TransportError, httpx.InvalidURL) as exc:
+        raise error_for_transport(provider, exc) from exc
+
+
+# --- tool calls --------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class PendingCall:
+    index: int
+    id: str
+    name: str
+    arguments: list[str] = field(default_factory=list)
+
+    def arguments_text(self) -> str:
+        return "".join(self.arguments) or "{}"
+
+
+class ToolCallAssembler:
+    """Collects streamed tool-call fragments into whole calls.
+
+    Fragments are grouped by ``index``. With ``new_id_starts_call`` a fragment that
+    carries a new id at an index already in use starts another call: Mistral's calls may
+    all come with index 0 (the SDK's default), and merging those would glue two calls'
+    arguments together. Where the index is reliable it is left off, because some servers
+    repeat a fresh id on every fragment of one call.
+    """
+
+    __slots__ = ("_by_index", "calls")
+
+    def __init__(self) -> None:
+        self.calls: list[PendingCall] = []
+        self._by_index: dict[int, PendingCall] = {}
+
+    def add(
+        self,
+        index: int,
+        call_id: str,
+        name: str,
+        arguments: str | dict[str, Any],
+        *,
+        new_id_starts_call: bool = True,
+    ) -> None:
+        current = self._by_index.get(index)
+        if current is None or (
+            new_id_starts_call and call_id and current.id and call_id != current.id
+        ):
+            current = PendingCall(index=index, id=call_id, name=name)
+            self.calls.append(current)
+            self._by_index[index] = current
+        else:
+            if call_id and not current.id:
+                current.id = call_id
+            if name and not current.name:
+                current.name = name
+        if isinstance(arguments, dict):
+            # A whole-object fragment replaces whatever text came before it.
+            current.arguments = [json.dumps(arguments, ensure_ascii=False)]
+        elif arguments:
+            current.arguments.append(arguments)
