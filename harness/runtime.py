@@ -210,6 +210,12 @@ class Harness:
         return await done_receive.receive()
 
 
+def _leaves(error: BaseException) -> list[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
+    return [error]
+
+
 @asynccontextmanager
 async def open_harness(config: Config | None = None) -> AsyncIterator[Harness]:
     """Start the actor tree under the caller's task; stop it when the block ends."""
@@ -256,8 +262,9 @@ async def open_harness(config: Config | None = None) -> AsyncIterator[Harness]:
                 ledger.close_writer()
     except BaseExceptionGroup as group:
         # Trio groups even a single error; an embedding caller wants the error it raised.
-        if len(group.exceptions) == 1:
-            raise group.exceptions[0] from None
+        leaves = _leaves(group)
+        if len(leaves) == 1:
+            raise leaves[0] from None
         raise
     finally:
         ledger.close()

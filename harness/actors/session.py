@@ -92,6 +92,15 @@ def close_open_work(ledger: Ledger, session_id: str, reason: str) -> list[NewEve
     return events
 
 
+def derive_title(text: str, limit: int = 50) -> str:
+    """The first line of the first prompt, cut on a word boundary to ``limit`` characters."""
+    line = " ".join(text.strip().splitlines()[0].split()) if text.strip() else ""
+    if len(line) <= limit:
+        return line
+    cut = line[: limit - 1].rsplit(" ", 1)[0] or line[: limit - 1]
+    return cut + "…"
+
+
 class SessionActor:
     def __init__(self, services: SessionServices, session_id: str) -> None:
         self._services = services
@@ -102,6 +111,7 @@ class SessionActor:
         self._turn_scope: trio.CancelScope | None = None
         self._provider: Provider | None = None
         self._restarts: deque[float] = deque()
+        self._state: Session | None = None
 
     # --- mailbox ----------------------------------------------------------------------------
 
@@ -169,30 +179,34 @@ class SessionActor:
             await self._ledger.write(events)
 
     def _session(self) -> Session:
-        session = self._ledger.session(self.session_id)
-        if session is None:
-            raise LookupError(f"session {self.session_id} does not exist")
-        return session
+        """The session as this actor last wrote it; read from the ledger once.
+
+        This actor is the only writer of its session row, so its copy is the truth even
+        while its last writes are still on their way to the ledger.
+        """
+        if self._state is None:
+            session = self._ledger.session(self.session_id)
+            if session is None:
+                raise LookupError(f"session {self.session_id} does not exist")
+            self._state = session
+        return self._state
+
+    def _save(self, **changes: Any) -> None:
+        self._state = self._session().model_copy(update={**changes, "updated": time.time()})
+        self._ledger.post(
+            [NewEvent("session.updated", self.session_id, self._state.model_dump(mode="json"))]
+        )
 
     def _set_status(self, status: SessionStatus, error: str | None = None) -> None:
-        session = self._session().model_copy(
-            update={"status": status, "updated": time.time(), "error": error}
-        )
-        self._ledger.post(
-            [NewEvent("session.updated", self.session_id, session.model_dump(mode="json"))]
-        )
+        self._save(status=status, error=error)
 
     def _add_usage(self, tokens: Tokens, cost: float) -> None:
         session = self._session()
-        updated = session.model_copy(
-            update={
-                "tokens": session.tokens.plus(tokens),
-                "cost": session.cost + cost,
-                "updated": time.time(),
-            }
-        )
-        self._ledger.post(
-            [NewEvent("session.updated", self.session_id, updated.model_dump(mode="json"))]
+        self._save(
+            tokens=session.tokens.plus(tokens),
+            cost=session.cost + cost,
+            # A step that finished means the provider answered: any retry is over.
+            status="busy" if session.status == "retry" else session.status,
         )
 
     async def _on_retry(self, notice: RetryNotice) -> None:
@@ -212,7 +226,8 @@ class SessionActor:
         events = await self._take(item, session)
         events.append(NewEvent("turn.started", self.session_id, {"message_id": item.id}))
         await self._ledger.write(events)
-        self._set_status("busy")
+        # Derived, not asked of the model: a run sends no side requests.
+        self._save(status="busy", error=None, title=session.title or derive_title(item.text))
         structlog.contextvars.bind_contextvars(turn=item.id)
         log.info("turn started")
         result = await self._supervised_turn(item.id)

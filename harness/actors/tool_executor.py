@@ -94,6 +94,7 @@ class ToolExecutor:
         task_status.started()
         async with self._receive:
             async for request in self._receive:
+                structlog.contextvars.bind_contextvars(message_id=request.message_id)
                 outcomes: list[CallOutcome | None] = [None] * len(request.calls)
                 if len(request.calls) == 1:
                     await self._one(request.message_id, request.calls[0], outcomes, 0)

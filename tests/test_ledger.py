@@ -1,0 +1,188 @@
+"""The apsw ledger: one transaction per batch, projections, migrations, clear failures."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import apsw
+import pytest
+import trio
+
+from harness.messages.events import NewEvent
+from harness.messages.mailbox import FeedMessage, Publish
+from harness.messages.model import Session, TextPart, UserMessage
+from harness.storage.ledger import Ledger, LedgerError
+from harness.storage.schema import SCHEMA_VERSION
+
+
+def _session(session_id: str = "ses_a", directory: str = "/tmp") -> Session:
+    now = time.time()
+    return Session(id=session_id, directory=directory, model="scripted:x", created=now, updated=now)
+
+
+def _created(session: Session) -> NewEvent:
+    return NewEvent("session.created", session.id, session.model_dump(mode="json"))
+
+
+@asynccontextmanager
+async def running(
+    path: Path, feed: trio.MemorySendChannel[FeedMessage] | None = None
+) -> AsyncIterator[Ledger]:
+    ledger = Ledger(path)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ledger.run_writer, feed)
+        try:
+            yield ledger
+        finally:
+            ledger.close_writer()
+    ledger.close()
+
+
+async def test_events_and_projections_commit_together(tmp_path: Path) -> None:
+    async with running(tmp_path / "ledger.db") as ledger:
+        session = _session()
+        committed = await ledger.write([_created(session)])
+        assert [e.type for e in committed] == ["session.created"]
+        assert committed[0].seq is not None
+        assert ledger.session("ses_a") == session
+        # A projection that fails rolls back the whole request, event rows included.
+        before = ledger.last_seq()
+        with pytest.raises(LedgerError):
+            await ledger.write(
+                [
+                    _created(_session("ses_b")),
+                    NewEvent("part.updated", "ses_b", {"broken": True}),
+                ]
+            )
+        assert ledger.last_seq() == before
+        assert ledger.session("ses_b") is None
+        # The writer survives a failed batch.
+        await ledger.write([_created(_session("ses_c"))])
+        assert ledger.session("ses_c") is not None
+
+
+async def test_posts_are_ordered_and_flush_waits_for_them(tmp_path: Path) -> None:
+    async with running(tmp_path / "ledger.db") as ledger:
+        session = _session()
+        ledger.post([_created(session)])
+        for index in range(50):
+            ledger.post(
+                [
+                    NewEvent(
+                        "session.updated",
+                        session.id,
+                        session.model_copy(update={"title": f"t{index}"}).model_dump(mode="json"),
+                    )
+                ]
+            )
+        await ledger.flush()
+        stored = ledger.session(session.id)
+        assert stored is not None and stored.title == "t49"
+        seqs = [e.seq for e in ledger.events_after(0)]
+        assert seqs == sorted(seqs) and len(seqs) == 51
+
+
+async def test_committed_events_reach_the_feed_after_commit(tmp_path: Path) -> None:
+    send, receive = trio.open_memory_channel[FeedMessage](10)
+    async with running(tmp_path / "ledger.db", send) as ledger:
+        await ledger.write([_created(_session())])
+        message = receive.receive_nowait()
+        assert isinstance(message, Publish)
+        assert [e.type for e in message.events] == ["session.created"]
+        # Published only once committed: a fresh connection already sees it.
+        other = apsw.Connection(str(tmp_path / "ledger.db"))
+        assert other.execute("SELECT count(*) FROM sessions").fetchall()[0][0] == 1
+
+
+async def test_inbox_taken_and_message_written_in_one_transaction(tmp_path: Path) -> None:
+    async with running(tmp_path / "ledger.db") as ledger:
+        session = _session()
+        await ledger.write(
+            [
+                _created(session),
+                NewEvent(
+                    "inbox.added",
+                    session.id,
+                    {
+                        "id": "msg_1",
+                        "session_id": session.id,
+                        "text": "hello",
+                        "delivery": "queue",
+                        "created": 1.0,
+                    },
+                ),
+            ]
+        )
+        assert [i.text for i in ledger.inbox(session.id)] == ["hello"]
+        assert ledger.known_message("msg_1")
+        user = UserMessage(id="msg_1", session_id=session.id, agent="build", model="m", created=2)
+        part = TextPart(id="prt_1", session_id=session.id, message_id="msg_1", text="hello")
+        await ledger.write(
+            [
+                NewEvent("inbox.taken", session.id, {"id": "msg_1"}),
+                NewEvent("message.created", session.id, user.model_dump(mode="json")),
+                NewEvent("part.created", session.id, part.model_dump(mode="json")),
+            ]
+        )
+        assert ledger.inbox(session.id) == []
+        transcript = ledger.messages(session.id)
+        assert [m.info.id for m in transcript] == ["msg_1"]
+        assert transcript[0].parts == [part]
+        assert ledger.known_message("msg_1")
+
+
+async def test_changes_returns_only_rows_written_since_the_mark(tmp_path: Path) -> None:
+    async with running(tmp_path / "ledger.db") as ledger:
+        session = _session()
+        user = UserMessage(id="msg_1", session_id=session.id, agent="build", model="m", created=1)
+        await ledger.write(
+            [_created(session), NewEvent("message.created", session.id, user.model_dump())]
+        )
+        messages, parts, mark = ledger.changes(session.id, 0)
+        assert [m.id for m in messages] == ["msg_1"] and parts == []
+        assert ledger.changes(session.id, mark) == ([], [], mark)
+        part = TextPart(id="prt_1", session_id=session.id, message_id="msg_1", text="x")
+        await ledger.write([NewEvent("part.created", session.id, part.model_dump())])
+        messages, parts, new_mark = ledger.changes(session.id, mark)
+        assert messages == [] and parts == [part] and new_mark > mark
+
+
+def test_schema_is_migrated_once_and_versioned(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    Ledger(path).close()
+    conn = apsw.Connection(str(path))
+    assert conn.execute("PRAGMA user_version").fetchall()[0][0] == SCHEMA_VERSION
+    assert conn.execute("PRAGMA journal_mode").fetchall()[0][0] == "wal"
+    conn.close()
+    Ledger(path).close()  # reopening does not try to create the tables again
+
+
+def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    Ledger(path).close()
+    conn = apsw.Connection(str(path))
+    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    conn.close()
+    with pytest.raises(LedgerError, match="newer than this harness knows"):
+        Ledger(path)
+
+
+def test_a_corrupt_ledger_is_a_clear_error_and_is_left_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    garbage = b"this is not a database, but it is somebody's file\n" * 100
+    path.write_bytes(garbage)
+    with pytest.raises(LedgerError, match="left untouched") as caught:
+        Ledger(path)
+    assert str(path) in str(caught.value)
+    assert path.read_bytes() == garbage
+
+
+def test_full_durability_sets_synchronous_full(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "ledger.db", durability="full")
+    try:
+        assert ledger._write.execute("PRAGMA synchronous").fetchall()[0][0] == 2
+    finally:
+        ledger.close()
