@@ -43,6 +43,8 @@ class Config:
     log_level: str = "info"
     log_format: Literal["json", "console"] = "json"
     log_file: Path | None = None
+    retry_attempts: int = 5  # provider attempts per step, the first included
+    retry_initial_delay: float = 2.0  # seconds; doubles each attempt, capped at 30 s
     restart_limit: int = 3
     restart_window: float = 60.0
     provider_factory: Callable[[str], Provider] | None = None

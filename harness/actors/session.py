@@ -322,7 +322,9 @@ class SessionActor:
             feed=services.feed,
             on_usage=self._add_usage,
             on_retry=self._on_retry,
-            retry_policy=RetryPolicy(),
+            retry_policy=RetryPolicy(
+                max_attempts=config.retry_attempts, initial_delay=config.retry_initial_delay
+            ),
         )
         async with trio.open_nursery() as nursery:
             await nursery.start(executor.run)
