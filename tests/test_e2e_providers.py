@@ -147,15 +147,8 @@ async def test_openai_compatible_server_runs_tools_between_turns(
     finishes = [p for m in transcript for p in m.parts if isinstance(p, StepFinishPart)]
     assert all(f.tokens.input == 1000 for f in finishes)
     second = server.requests[1].json()
-    assert (
-        second["messages"][-1]
-        == {
-            "role": "tool",
-            "tool_call_id": "call_1",
-            "content": second["messages"][-1]["content"],
-        }
-        or second["messages"][-1]["tool_call_id"] == "call_1"
-    )
+    assert second["messages"][-1]["role"] == "tool"
+    assert second["messages"][-1]["tool_call_id"] == "call_1"
     assert "marker-7f3a" in second["messages"][-1]["content"]
 
 
