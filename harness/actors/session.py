@@ -40,7 +40,6 @@ from harness.messages.mailbox import (
     SessionMessage,
 )
 from harness.messages.model import (
-    AssistantMessage,
     InboxItem,
     Session,
     SessionStatus,
@@ -74,21 +73,28 @@ class SessionServices:
 
 
 def close_open_work(ledger: Ledger, session_id: str, reason: str) -> list[NewEvent]:
-    """Events that close what a stopped turn left open: tool parts, unfinished steps."""
+    """Events that close what a stopped turn left open.
+
+    Open tool parts become errors with ``reason``; the assistant messages that owned
+    them, or that never finished streaming, are marked with ``reason`` as their error
+    (aborted), so the record says the step did not end normally.
+    """
     now = time.time()
     events: list[NewEvent] = []
+    owners: set[str] = set()
     for part in ledger.open_tool_parts(session_id):
         state = part.state
         start = getattr(state, "start", now)
         closed = part.model_copy(
             update={"state": ToolError(input=state.input, error=reason, start=start, end=now)}
         )
+        owners.add(part.message_id)
         events.append(NewEvent("part.updated", session_id, closed.model_dump(mode="json")))
-    for entry in reversed(ledger.messages(session_id)[-3:]):
-        info = entry.info
-        if isinstance(info, AssistantMessage) and info.completed is None:
-            aborted = info.model_copy(update={"error": reason, "completed": now})
-            events.append(NewEvent("message.updated", session_id, aborted.model_dump(mode="json")))
+    for message in ledger.assistant_messages(session_id, unfinished_or_in=owners):
+        aborted = message.model_copy(
+            update={"error": reason, "completed": message.completed or now}
+        )
+        events.append(NewEvent("message.updated", session_id, aborted.model_dump(mode="json")))
     return events
 
 
@@ -302,6 +308,7 @@ class SessionActor:
             directory=Path(session.directory),
             project=session.directory,
             tools=tools,
+            disabled=frozenset(hidden),
             rules=rules,
             ledger=self._ledger,
             permission=services.permission,

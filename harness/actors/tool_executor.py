@@ -75,6 +75,7 @@ class ToolExecutor:
         directory: Path,
         project: str,
         tools: Mapping[str, Tool[Any]],
+        disabled: frozenset[str] = frozenset(),
         rules: Sequence[Rule],
         ledger: Ledger,
         permission: trio.MemorySendChannel[PermissionMessage],
@@ -84,6 +85,7 @@ class ToolExecutor:
         self._directory = directory
         self._project = project
         self._tools = tools
+        self._disabled = disabled  # hidden from the model by a blanket deny rule
         self._rules = rules
         self._ledger = ledger
         self._permission = permission
@@ -141,20 +143,34 @@ class ToolExecutor:
         return CallOutcome(call.call_id, ok=False, stop=stop)
 
     async def _execute(self, message_id: str, call: PlannedCall) -> CallOutcome:
+        try:
+            raw = json.loads(call.arguments) if call.arguments.strip() else {}
+        except json.JSONDecodeError as error:
+            raw = None
+            bad_json = f"arguments for tool '{call.tool}' are not valid JSON: {error}"
+        # Whatever happens next, the ledger keeps the arguments the model sent.
+        kept = raw if isinstance(raw, dict) else {}
         if call.refusal is not None:
-            return self._fail(message_id, call, call.refusal)
+            return self._fail(message_id, call, call.refusal, input=kept)
+        if call.tool in self._disabled:
+            return self._fail(
+                message_id,
+                call,
+                f"a permission rule denies the tool '{call.tool}'; the call was not run",
+                input=kept,
+                stop="denied",
+            )
         tool = self._tools.get(call.tool)
         if tool is None:
             available = ", ".join(sorted(self._tools))
             return self._fail(
-                message_id, call, f"unknown tool '{call.tool}'; available tools: {available}"
+                message_id,
+                call,
+                f"unknown tool '{call.tool}'; available tools: {available}",
+                input=kept,
             )
-        try:
-            raw = json.loads(call.arguments) if call.arguments.strip() else {}
-        except json.JSONDecodeError as error:
-            return self._fail(
-                message_id, call, f"arguments for tool '{call.tool}' are not valid JSON: {error}"
-            )
+        if raw is None:
+            return self._fail(message_id, call, bad_json)
         if not isinstance(raw, dict):
             return self._fail(
                 message_id, call, f"arguments for tool '{call.tool}' must be a JSON object"

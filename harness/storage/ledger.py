@@ -29,6 +29,7 @@ from pydantic import TypeAdapter
 from harness.messages.events import Event, NewEvent
 from harness.messages.mailbox import FeedMessage, Publish, WriteEvents
 from harness.messages.model import (
+    AssistantMessage,
     InboxItem,
     Message,
     MessageWithParts,
@@ -283,6 +284,21 @@ class Ledger:
             (session_id,),
         )
         return [ToolPart.model_validate_json(row[0]) for row in rows]
+
+    def assistant_messages(
+        self, session_id: str, *, unfinished_or_in: set[str]
+    ) -> list[AssistantMessage]:
+        """Assistant messages never completed, plus those whose ids are given."""
+        found: list[AssistantMessage] = []
+        for (data,) in self._rows(
+            "SELECT data FROM messages WHERE session_id = ? AND role = 'assistant'"
+            " AND (json_extract(data, '$.completed') IS NULL"
+            f" OR id IN ({','.join('?' for _ in unfinished_or_in) or 'NULL'}))"
+            " ORDER BY id",
+            (session_id, *unfinished_or_in),
+        ):
+            found.append(AssistantMessage.model_validate_json(data))
+        return found
 
     def approvals(self, project: str) -> list[Rule]:
         return [
