@@ -9,7 +9,6 @@ produces the same request).
 
 from __future__ import annotations
 
-import bisect
 import json
 from dataclasses import dataclass
 
@@ -42,7 +41,7 @@ def text_of(parts: list[Part] | tuple[Part, ...]) -> str:
 
 def _user_view(message: UserMessage, parts: list[Part]) -> tuple[ChatMessage, ...]:
     text = "".join(p.text for p in parts if isinstance(p, TextPart))
-    if message.delivery == "steer":
+    if message.delivery == "steer" and not message.synthetic:
         text = f"[The user sent this while you were working]\n{text}"
     return (UserTurn(text),)
 
@@ -72,7 +71,8 @@ class History:
         self._ledger = ledger
         self.session_id = session_id
         self._entries: dict[str, _Entry] = {}
-        self._order: list[str] = []  # message ids; ids sort in creation order
+        self._order: list[str] = []  # message ids, in the order the ledger created them
+        self._position: dict[str, int] = {}  # id -> index just after it in _order
         self._orphans: dict[str, dict[str, Part]] = {}
         self.mark = 0
 
@@ -83,7 +83,8 @@ class History:
             if entry is None:
                 entry = _Entry(message, self._orphans.pop(message.id, {}))
                 self._entries[message.id] = entry
-                bisect.insort(self._order, message.id)
+                self._order.append(message.id)  # changes() lists new messages in creation order
+                self._position[message.id] = len(self._order)
             else:
                 entry.message = message
                 entry.chat = None
@@ -123,7 +124,7 @@ class History:
         return entry.message if entry else None
 
     def messages_after(self, message_id: str) -> list[Message]:
-        start = bisect.bisect_right(self._order, message_id)
+        start = self._position.get(message_id, len(self._order))
         return [self._entries[i].message for i in self._order[start:]]
 
     def turn_steps(self, user_message_id: str) -> list[AssistantMessage]:
@@ -142,6 +143,38 @@ class History:
         for step in self.turn_steps(user_message_id):
             out.extend(p for p in self.parts_of(step.id) if isinstance(p, ToolPart))
         return out
+
+    def answer_if_done(self, user_message_id: str) -> str | None:
+        """The turn's final answer when the ledger shows it finished, else None.
+
+        Finished means: the last message is an assistant message of this turn, its
+        stream ended normally with a reason other than ``tool_calls``, and it made no
+        tool call whose result the model has not seen yet.
+        """
+        last = self.last_message()
+        if not isinstance(last, AssistantMessage) or last.parent_id != user_message_id:
+            return None
+        if last.finish is None or last.finish == "tool_calls" or last.error is not None:
+            return None
+        parts = self.parts_of(last.id)
+        if any(isinstance(p, ToolPart) for p in parts):
+            return None
+        return text_of(parts)
+
+    def unanswered_calls(self, user_message_id: str) -> list[ToolPart]:
+        """Pending tool calls of the turn's last step, when that step finished streaming.
+
+        Only a restart leaves these: recovery resets an interrupted read-only call to
+        pending so that it is run again instead of being reported as interrupted.
+        """
+        steps = self.turn_steps(user_message_id)
+        if not steps or steps[-1].finish is None or steps[-1].error is not None:
+            return []
+        return [
+            p
+            for p in self.parts_of(steps[-1].id)
+            if isinstance(p, ToolPart) and p.state.status == "pending"
+        ]
 
     def recent_tool_calls(self, user_message_id: str, count: int) -> list[ToolPart]:
         """The last ``count`` tool parts of the turn, oldest first, newest steps only."""

@@ -141,9 +141,15 @@ class Runner:
             await self._take_steered()
             await self._flush()
             history.sync()
-            answer = self._answer_if_done(user_message_id)
+            answer = history.answer_if_done(user_message_id)
             if answer is not None:
                 return TurnResult(user_message_id, "answered", answer)
+            leftover = history.unanswered_calls(user_message_id)
+            if leftover:
+                stop = await self._rerun(leftover)
+                if stop is not None:
+                    return TurnResult(user_message_id, stop, self._last_text(user_message_id))
+                continue
             step = len(history.turn_steps(user_message_id)) + 1
             last_step = self._max_steps is not None and step >= self._max_steps
             stop, error = await self._step(user_message_id, step, last_step)
@@ -153,18 +159,6 @@ class Runner:
                 await self._flush()
                 history.sync()
                 return TurnResult(user_message_id, stop, self._last_text(user_message_id), error)
-
-    def _answer_if_done(self, user_message_id: str) -> str | None:
-        """The final answer when the ledger shows the turn finished, else None."""
-        last = self._history.last_message()
-        if not isinstance(last, AssistantMessage) or last.parent_id != user_message_id:
-            return None
-        if last.finish is None or last.finish == "tool_calls" or last.error is not None:
-            return None
-        parts = self._history.parts_of(last.id)
-        if any(isinstance(p, ToolPart) for p in parts):
-            return None  # the model has not seen these results yet
-        return text_of(parts)
 
     def _last_text(self, user_message_id: str) -> str:
         steps = self._history.turn_steps(user_message_id)
@@ -245,6 +239,21 @@ class Runner:
             if outcome.stop is not None:
                 return outcome.stop, None
         return None, None
+
+    async def _rerun(self, parts: list[ToolPart]) -> StopReason | None:
+        """Run again calls a restart interrupted and recovery judged safe to repeat."""
+        calls = [
+            PlannedCall(
+                part_id=p.id,
+                call_id=p.call_id,
+                tool=p.tool,
+                arguments=json.dumps(p.state.input),
+            )
+            for p in parts
+        ]
+        log.info("re-running interrupted read-only calls", count=len(calls))
+        outcomes = await self._execute(parts[0].message_id, calls)
+        return next((o.stop for o in outcomes if o.stop is not None), None)
 
     async def _execute(self, message_id: str, calls: list[PlannedCall]) -> list[CallOutcome]:
         reply_send, reply_receive = trio.open_memory_channel[list[CallOutcome]](1)

@@ -46,6 +46,7 @@ from harness.messages.model import (
     TextPart,
     Tokens,
     ToolError,
+    ToolPending,
     UserMessage,
 )
 from harness.messages.provider import ToolSpec
@@ -72,18 +73,39 @@ class SessionServices:
     tool_specs: Mapping[str, ToolSpec]
 
 
-def close_open_work(ledger: Ledger, session_id: str, reason: str) -> list[NewEvent]:
+RESTART_NOTE = (
+    "The server restarted while you were working on this task. Continue from where the "
+    "conversation shows you were, without repeating work that is already done; a tool "
+    "call marked as interrupted by the restart may or may not have taken effect, so check "
+    "before you repeat it."
+)
+MAX_RESUMES = 10
+
+
+def close_open_work(
+    ledger: Ledger,
+    session_id: str,
+    reason: str,
+    *,
+    rerun: frozenset[str] = frozenset(),
+) -> list[NewEvent]:
     """Events that close what a stopped turn left open.
 
-    Open tool parts become errors with ``reason``; the assistant messages that owned
-    them, or that never finished streaming, are marked with ``reason`` as their error
-    (aborted), so the record says the step did not end normally.
+    Open tool parts become errors with ``reason``, except calls of the ``rerun`` tools
+    (read-only and idempotent) in a step that finished streaming: those go back to
+    ``pending`` so the runner runs them again. The assistant messages that owned closed
+    parts, or that never finished streaming, are marked with ``reason`` (aborted).
     """
     now = time.time()
     events: list[NewEvent] = []
     owners: set[str] = set()
+    unfinished = {m.id for m in ledger.assistant_messages(session_id, unfinished_or_in=set())}
     for part in ledger.open_tool_parts(session_id):
         state = part.state
+        if part.tool in rerun and part.message_id not in unfinished:
+            again = part.model_copy(update={"state": ToolPending(input=state.input)})
+            events.append(NewEvent("part.updated", session_id, again.model_dump(mode="json")))
+            continue
         start = getattr(state, "start", now)
         closed = part.model_copy(
             update={"state": ToolError(input=state.input, error=reason, start=start, end=now)}
@@ -148,6 +170,9 @@ class SessionActor:
     # --- turns ------------------------------------------------------------------------------
 
     async def _work(self) -> None:
+        # A turn claimed and never finished was cut short by a crash: it goes first.
+        for _, message_id, resumes in self._ledger.claimed_turns(self.session_id):
+            await self._resume(message_id, resumes)
         while True:
             inbox = self._ledger.inbox(self.session_id)
             if not inbox:
@@ -230,13 +255,78 @@ class SessionActor:
     async def _turn(self, item: InboxItem) -> None:
         session = self._session()
         events = await self._take(item, session)
-        events.append(NewEvent("turn.started", self.session_id, {"message_id": item.id}))
+        claim = {"message_id": item.id, "session_id": self.session_id, "started": time.time()}
+        # The claim is committed with the user message: from here a crash resumes the turn.
+        events.append(NewEvent("turn.started", self.session_id, claim))
         await self._ledger.write(events)
         # Derived, not asked of the model: a run sends no side requests.
         self._save(status="busy", error=None, title=session.title or derive_title(item.text))
-        structlog.contextvars.bind_contextvars(turn=item.id)
+        await self._run_turn(item.id)
+
+    async def _resume(self, message_id: str, resumes: int) -> None:
+        """Carry on a turn that a crash interrupted, from what the ledger shows."""
+        structlog.contextvars.bind_contextvars(turn=message_id)
+        if resumes >= MAX_RESUMES:
+            reason = f"the turn was resumed {resumes} times after restarts and kept failing"
+            log.error("turn abandoned", resumes=resumes)
+            await self._ledger.write(
+                [
+                    *close_open_work(self._ledger, self.session_id, "interrupted by restart"),
+                    NewEvent(
+                        "turn.finished",
+                        self.session_id,
+                        TurnResult(message_id, "error", "", reason).to_dict(),
+                    ),
+                ]
+            )
+            self._set_status("error", reason)
+            return
+        read_only = frozenset(n for n, t in self._services.tools.items() if t.read_only)
+        events = close_open_work(
+            self._ledger, self.session_id, "interrupted by restart", rerun=read_only
+        )
+        events.append(
+            NewEvent(
+                "turn.resumed",
+                self.session_id,
+                {"message_id": message_id, "resumes": resumes + 1},
+            )
+        )
+        await self._ledger.write(events)
+        history = History(self._ledger, self.session_id)
+        history.sync()
+        if history.answer_if_done(message_id) is None and not history.unanswered_calls(message_id):
+            session = self._session()
+            note = UserMessage(
+                id=ids.message_id(),
+                session_id=self.session_id,
+                agent=session.agent,
+                model=session.model,
+                delivery="steer",
+                synthetic=True,
+                created=time.time(),
+            )
+            text = TextPart(
+                id=ids.part_id(),
+                session_id=self.session_id,
+                message_id=note.id,
+                text=RESTART_NOTE,
+                synthetic=True,
+            )
+            await self._ledger.write(
+                [
+                    NewEvent("message.created", self.session_id, note.model_dump(mode="json")),
+                    NewEvent("part.created", self.session_id, text.model_dump(mode="json")),
+                ]
+            )
+        log.info("turn resumed after restart", resumes=resumes + 1)
+        self._save(status="busy", error=None)
+        await self._run_turn(message_id)
+
+    async def _run_turn(self, message_id: str) -> None:
+        structlog.contextvars.bind_contextvars(turn=message_id)
         log.info("turn started")
-        result = await self._supervised_turn(item.id)
+        result = await self._supervised_turn(message_id)
         failed = result.reason == "error" and self._session().status == "error"
         self._ledger.post([NewEvent("turn.finished", self.session_id, result.to_dict())])
         if not failed:

@@ -34,9 +34,14 @@ class Supervisor:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
-            # Input that was durable but never taken (the process stopped first) runs now.
-            for session_id in self._services.ledger.sessions_with_inbox():
+            # What a previous process left: turns it claimed and never finished, and
+            # input that was durable but never taken. Both carry on now.
+            ledger = self._services.ledger
+            pending = [s for s, _, _ in ledger.claimed_turns()] + ledger.sessions_with_inbox()
+            for session_id in dict.fromkeys(pending):
                 self._actor(nursery, session_id).mailbox.send_nowait(Wake())
+            if pending:
+                log.info("resuming sessions", count=len(set(pending)))
             task_status.started()
             async with self._receive:
                 async for message in self._receive:

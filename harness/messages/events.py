@@ -28,12 +28,13 @@ EventType = Literal[
     "inbox.added",
     "inbox.taken",
     "approval.added",
+    "turn.started",
+    "turn.resumed",
+    "turn.finished",
     # durable, log only: the record of why things happened
     "permission.asked",
     "permission.replied",
     "permission.decided",
-    "turn.started",
-    "turn.finished",
     # ephemeral: published live, never stored
     "part.delta",
     "session.retry",

@@ -71,6 +71,7 @@ class UserMessage(_Model):
     agent: str
     model: str
     delivery: Delivery = "queue"
+    synthetic: bool = False  # written by the harness (a restart note), not typed by a user
     created: float
 
 

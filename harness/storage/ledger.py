@@ -225,7 +225,8 @@ class Ledger:
         messages = [
             _MESSAGE.validate_json(row[0])
             for row in self._rows(
-                "SELECT data FROM messages WHERE session_id = ? ORDER BY id", (session_id,)
+                "SELECT data FROM messages WHERE session_id = ? ORDER BY created_seq",
+                (session_id,),
             )
         ]
         parts: dict[str, list[Part]] = {}
@@ -238,13 +239,16 @@ class Ledger:
     def changes(self, session_id: str, after_seq: int) -> tuple[list[Message], list[Part], int]:
         """Messages and parts of a session written after ``after_seq``, and the new mark.
 
+        Messages come in the order they were created, parts in the order they changed.
+
         The runner reads only what changed since its last step, so a step costs the same
         at step 200 as at step 2.
         """
         mark = after_seq
         messages: list[Message] = []
         for seq, data in self._rows(
-            "SELECT seq, data FROM messages WHERE session_id = ? AND seq > ? ORDER BY seq",
+            "SELECT seq, data FROM messages WHERE session_id = ? AND seq > ?"
+            " ORDER BY created_seq",
             (session_id, after_seq),
         ):
             messages.append(_MESSAGE.validate_json(data))
@@ -265,6 +269,18 @@ class Ledger:
                 "SELECT data FROM inbox WHERE session_id = ? ORDER BY seq", (session_id,)
             )
         ]
+
+    def claimed_turns(self, session_id: str | None = None) -> list[tuple[str, str, int]]:
+        """Turns started and never finished: ``(session_id, message_id, resumes)``."""
+        if session_id is None:
+            rows = self._rows("SELECT session_id, message_id, resumes FROM turns ORDER BY started")
+        else:
+            rows = self._rows(
+                "SELECT session_id, message_id, resumes FROM turns WHERE session_id = ?"
+                " ORDER BY started",
+                (session_id,),
+            )
+        return [(row[0], row[1], int(row[2])) for row in rows]
 
     def sessions_with_inbox(self) -> list[str]:
         return [row[0] for row in self._rows("SELECT DISTINCT session_id FROM inbox")]
@@ -294,7 +310,7 @@ class Ledger:
             "SELECT data FROM messages WHERE session_id = ? AND role = 'assistant'"
             " AND (json_extract(data, '$.completed') IS NULL"
             f" OR id IN ({','.join('?' for _ in unfinished_or_in) or 'NULL'}))"
-            " ORDER BY id",
+            " ORDER BY created_seq",
             (session_id, *unfinished_or_in),
         ):
             found.append(AssistantMessage.model_validate_json(data))

@@ -2,7 +2,7 @@
 
 Runs inside the writer's transaction, right after the event row is appended, so an
 event and its effect are committed together or not at all. Events whose type has no
-entry here (permission.*, turn.*) live in the event log only.
+entry here (permission.*) live in the event log only.
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ def _delete_session(conn: apsw.Connection, seq: int, data: dict[str, Any], text:
 
 def _upsert_message(conn: apsw.Connection, seq: int, data: dict[str, Any], text: str) -> None:
     conn.execute(
-        "INSERT INTO messages(id, session_id, role, seq, data) VALUES (?, ?, ?, ?, ?)"
+        "INSERT INTO messages(id, session_id, role, seq, created_seq, data)"
+        " VALUES (?, ?, ?, ?, ?, ?)"
         " ON CONFLICT(id) DO UPDATE SET seq=excluded.seq, data=excluded.data",
-        (data["id"], data["session_id"], data["role"], seq, text),
+        (data["id"], data["session_id"], data["role"], seq, seq, text),
     )
 
 
@@ -68,6 +69,23 @@ def _add_approval(conn: apsw.Connection, seq: int, data: dict[str, Any], text: s
     )
 
 
+def _claim_turn(conn: apsw.Connection, seq: int, data: dict[str, Any], text: str) -> None:
+    conn.execute(
+        "INSERT OR IGNORE INTO turns(message_id, session_id, started) VALUES (?, ?, ?)",
+        (data["message_id"], data["session_id"], data["started"]),
+    )
+
+
+def _resume_turn(conn: apsw.Connection, seq: int, data: dict[str, Any], text: str) -> None:
+    conn.execute(
+        "UPDATE turns SET resumes = ? WHERE message_id = ?", (data["resumes"], data["message_id"])
+    )
+
+
+def _release_turn(conn: apsw.Connection, seq: int, data: dict[str, Any], text: str) -> None:
+    conn.execute("DELETE FROM turns WHERE message_id = ?", (data["message_id"],))
+
+
 Projection = Callable[[apsw.Connection, int, dict[str, Any], str], None]
 
 PROJECTIONS: Final[dict[str, Projection]] = {
@@ -81,4 +99,7 @@ PROJECTIONS: Final[dict[str, Projection]] = {
     "inbox.added": _add_inbox,
     "inbox.taken": _take_inbox,
     "approval.added": _add_approval,
+    "turn.started": _claim_turn,
+    "turn.resumed": _resume_turn,
+    "turn.finished": _release_turn,
 }

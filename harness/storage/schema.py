@@ -29,14 +29,18 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
         )""",
         "CREATE INDEX sessions_status ON sessions(status)",
         "CREATE INDEX sessions_parent ON sessions(parent_id)",
+        # created_seq orders a session's messages: ids are made when input arrives, and a
+        # prompt queued during a turn is taken (and belongs in the history) after it.
         """CREATE TABLE messages (
             id TEXT PRIMARY KEY,
             session_id TEXT NOT NULL,
             role TEXT NOT NULL,
             seq INTEGER NOT NULL,
+            created_seq INTEGER NOT NULL,
             data TEXT NOT NULL
         )""",
         "CREATE INDEX messages_session ON messages(session_id, seq)",
+        "CREATE INDEX messages_order ON messages(session_id, created_seq)",
         """CREATE TABLE parts (
             id TEXT PRIMARY KEY,
             session_id TEXT NOT NULL,
@@ -63,6 +67,15 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             created REAL NOT NULL,
             PRIMARY KEY (project, permission, pattern)
         )""",
+        # A claim per turn in flight: written with turn.started, removed with
+        # turn.finished. What is left after a crash is what must be resumed.
+        """CREATE TABLE turns (
+            message_id TEXT PRIMARY KEY,
+            session_id TEXT NOT NULL,
+            started REAL NOT NULL,
+            resumes INTEGER NOT NULL DEFAULT 0
+        )""",
+        "CREATE INDEX turns_session ON turns(session_id)",
     ),
 )
 
