@@ -45,6 +45,8 @@ class Config:
     log_file: Path | None = None
     retry_attempts: int = 5  # provider attempts per step, the first included
     retry_initial_delay: float = 2.0  # seconds; doubles each attempt, capped at 30 s
+    max_task_depth: int = 3  # how deep `task` may nest child sessions
+    max_children: int = 4  # child sessions of one session running at once
     restart_limit: int = 3
     restart_window: float = 60.0
     provider_factory: Callable[[str], Provider] | None = None
@@ -77,5 +79,28 @@ class Config:
 
     @property
     def socket_path(self) -> Path:
+        """Where the daemon listens; may raise ``SocketPathError`` (see ``usable_socket_path``)."""
         explicit = os.environ.get("HARNESS_SOCKET")
-        return Path(explicit) if explicit else self.home / "harness.sock"
+        return usable_socket_path(Path(explicit) if explicit else self.home / "harness.sock")
+
+
+MAX_SOCKET_PATH = 107  # bytes: sun_path holds 108, the last one a NUL
+
+
+class SocketPathError(ValueError):
+    """No usable socket path: the message says which path and why."""
+
+
+def usable_socket_path(path: Path) -> Path:
+    """``path``, or ``$XDG_RUNTIME_DIR/harness-<uid>.sock`` when ``path`` is too long."""
+    if len(os.fsencode(path)) <= MAX_SOCKET_PATH:
+        return path
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        fallback = Path(runtime) / f"harness-{os.getuid()}.sock"
+        if len(os.fsencode(fallback)) <= MAX_SOCKET_PATH:
+            return fallback
+    raise SocketPathError(
+        f"the socket path {path} is longer than {MAX_SOCKET_PATH} bytes and "
+        "$XDG_RUNTIME_DIR offers no shorter one: set HARNESS_SOCKET to a shorter path"
+    )

@@ -9,7 +9,10 @@ producing events never slow down for it.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import structlog
 import trio
@@ -42,7 +45,6 @@ class EventFeed:
         self.mailbox, self._receive = trio.open_memory_channel[FeedMessage](1024)
         self._subscribers: dict[int, _Subscriber] = {}
         self._next_id = 0
-        self._root_of: dict[str, str] = {}  # child session -> every ancestor, via parents
         self._parent_of: dict[str, str] = {}
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -97,6 +99,23 @@ class EventFeed:
             subscriber = self._subscribers.pop(subscriber_id)
             log.warning("subscriber cut off", subscription=subscriber_id)
             subscriber.send.close()
+
+
+@asynccontextmanager
+async def subscription(
+    feed: trio.MemorySendChannel[FeedMessage], session_id: str | None, buffer: int = 4096
+) -> AsyncIterator[trio.MemoryReceiveChannel[Event]]:
+    """Hear the events published from now on, of one session tree or of all sessions."""
+    reply_send, reply_receive = trio.open_memory_channel[Subscription](1)
+    await feed.send(Subscribe(session_id, reply_send, buffer))
+    subscribed = await reply_receive.receive()
+    try:
+        yield subscribed.events
+    finally:
+        with contextlib.suppress(
+            trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError
+        ):
+            feed.send_nowait(Unsubscribe(subscribed.id))
 
 
 def overflow_event(session_id: str, last_seq: int | None) -> Event:

@@ -1,10 +1,11 @@
 """Permission: the gate every tool call passes before it may act (DESIGN §8).
 
-Evaluates a need against the merged ruleset followed by the project's stored "always"
-approvals (last match wins). An ``ask`` becomes a pending request that waits for a reply
-through ``ReplyPermission`` (terminal prompt, API), or is rejected at once when nobody
-can be asked (``interactive=False``: a script, CI). Every decision is recorded in the
-ledger with the rule that matched.
+Evaluates a need against the session's merged ruleset and its ancestors' (the strictest
+answer wins; a stored "always" approval turns an ask into allow, never a deny). An
+``ask`` becomes a pending request that waits for a reply through ``ReplyPermission``
+(terminal prompt, API), or is rejected at once when nobody can be asked
+(``interactive=False``: a script, CI). Every decision is recorded in the ledger with the
+rule that matched.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from harness.messages.mailbox import (
 )
 from harness.messages.model import Rule
 from harness.messages.permission import PermissionDecision, PermissionRequest
-from harness.permissions.ruleset import evaluate
+from harness.permissions.ruleset import decide
 from harness.storage.ledger import Ledger
 
 log = structlog.get_logger("harness.permission")
@@ -92,9 +93,8 @@ class Permission:
     def _ask(self, ask: AskPermission) -> None:
         need = ask.need
         approvals = self._project_approvals(ask.project)
-        action, rule = evaluate(need.permission, need.pattern, [*ask.rules, *approvals])
+        action, rule, approved = decide(need.permission, need.pattern, ask.layers, approvals)
         if action != "ask":
-            approved = rule is not None and rule in approvals
             self._decide(
                 ask,
                 PermissionDecision(
@@ -182,7 +182,7 @@ class Permission:
         for other in self._of_session(session_id):
             approvals = self._project_approvals(other.ask.project)
             need = other.ask.need
-            action, rule = evaluate(need.permission, need.pattern, [*other.ask.rules, *approvals])
+            action, rule, _ = decide(need.permission, need.pattern, other.ask.layers, approvals)
             if action == "allow":
                 self._pending.pop(other.request.id)
                 self._decide(

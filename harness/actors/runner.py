@@ -192,7 +192,9 @@ class Runner:
                 NewEvent("part.created", session.id, start.model_dump(mode="json")),
             ]
         )
-        structlog.contextvars.bind_contextvars(step=step, message_id=message.id)
+        structlog.contextvars.bind_contextvars(
+            step=step, message_id=message.id, span_id=message.id, parent_span_id=session.id
+        )
         request = ProviderRequest(
             model=self._model_name,
             system=self._system + ((MAX_STEPS_PROMPT,) if last_step else ()),

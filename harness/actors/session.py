@@ -24,6 +24,7 @@ from typing import Any
 import structlog
 import trio
 
+from harness.actors.children import ChildSessions, Lineage
 from harness.actors.runner import Runner, environment_block
 from harness.actors.tool_executor import ToolExecutor
 from harness.agents import get_agent
@@ -41,6 +42,7 @@ from harness.messages.mailbox import (
 )
 from harness.messages.model import (
     InboxItem,
+    Rule,
     Session,
     SessionStatus,
     TextPart,
@@ -71,6 +73,11 @@ class SessionServices:
     permission: trio.MemorySendChannel[PermissionMessage]
     tools: Mapping[str, Tool[Any]]
     tool_specs: Mapping[str, ToolSpec]
+
+    def rules_of(self, session: Session) -> tuple[Rule, ...]:
+        """A session's own merged ruleset: defaults < agent < config < session."""
+        agent = get_agent(session.agent)
+        return tuple(merge(DEFAULT_RULES, agent.rules, self.config.rules, session.permission))
 
 
 RESTART_NOTE = (
@@ -120,6 +127,21 @@ def close_open_work(
     return events
 
 
+def abandon_turn(ledger: Ledger, session_id: str, message_id: str) -> list[NewEvent]:
+    """Events that end a claimed turn for good after a restart, without running it."""
+    reason = "interrupted by restart"
+    result = TurnResult(message_id, "error", "", reason)
+    events = [
+        *close_open_work(ledger, session_id, reason),
+        NewEvent("turn.finished", session_id, result.to_dict()),
+    ]
+    session = ledger.session(session_id)
+    if session is not None:
+        idle = session.model_copy(update={"status": "idle", "updated": time.time()})
+        events.append(NewEvent("session.updated", session_id, idle.model_dump(mode="json")))
+    return events
+
+
 def derive_title(text: str, limit: int = 50) -> str:
     """The first line of the first prompt, cut on a word boundary to ``limit`` characters."""
     line = " ".join(text.strip().splitlines()[0].split()) if text.strip() else ""
@@ -130,8 +152,18 @@ def derive_title(text: str, limit: int = 50) -> str:
 
 
 class SessionActor:
-    def __init__(self, services: SessionServices, session_id: str) -> None:
+    def __init__(
+        self,
+        services: SessionServices,
+        session_id: str,
+        *,
+        lineage: Lineage | None = None,
+        parent_span: str | None = None,
+    ) -> None:
         self._services = services
+        self._lineage = lineage or Lineage(trace_id=session_id)
+        self._parent_span = parent_span
+        self._children = trio.Semaphore(services.config.max_children)
         self._ledger = services.ledger
         self.session_id = session_id
         self.mailbox, self._receive = trio.open_memory_channel[SessionMessage](math.inf)
@@ -144,7 +176,11 @@ class SessionActor:
     # --- mailbox ----------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        structlog.contextvars.bind_contextvars(session_id=self.session_id)
+        # Spans for the log: a root session's trace is its id; a child's span hangs
+        # under the tool call that started it.
+        # A child starts in its parent's call task: drop the parent's step and call.
+        structlog.contextvars.clear_contextvars()
+        self._bind_session_span()
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._work)
@@ -160,6 +196,14 @@ class SessionActor:
             if self._provider is not None:
                 with trio.CancelScope(shield=True):
                     await self._provider.aclose()
+
+    def _bind_session_span(self) -> None:
+        structlog.contextvars.bind_contextvars(
+            session_id=self.session_id,
+            trace_id=self._lineage.trace_id or self.session_id,
+            span_id=self.session_id,
+            parent_span_id=self._parent_span,
+        )
 
     def _cancel_turn(self) -> bool:
         if self._turn_scope is None:
@@ -326,7 +370,19 @@ class SessionActor:
     async def _run_turn(self, message_id: str) -> None:
         structlog.contextvars.bind_contextvars(turn=message_id)
         log.info("turn started")
-        result = await self._supervised_turn(message_id)
+        result: TurnResult | None = None
+        try:
+            result = await self._supervised_turn(message_id)
+        finally:
+            if result is None and self._parent_span is not None:
+                # A child dies with its parent's call: it is cancelled, not to be resumed.
+                # (The cancel may arrive wrapped in an exception group, hence finally.)
+                with trio.CancelScope(shield=True):
+                    stopped = await self._stopped(message_id, "cancelled", "cancelled")
+                    await self._ledger.write(
+                        [NewEvent("turn.finished", self.session_id, stopped.to_dict())]
+                    )
+                    self._set_status("idle")
         failed = result.reason == "error" and self._session().status == "error"
         self._ledger.post([NewEvent("turn.finished", self.session_id, result.to_dict())])
         if not failed:
@@ -334,6 +390,7 @@ class SessionActor:
         await self._ledger.flush()
         log.info("turn finished", reason=result.reason)
         structlog.contextvars.unbind_contextvars("turn", "step", "message_id")
+        self._bind_session_span()
 
     async def _supervised_turn(self, user_message_id: str) -> TurnResult:
         while True:
@@ -390,19 +447,23 @@ class SessionActor:
                 else create_provider(session.model, base_url=config.base_url)
             )
         _, model_name = split_model(session.model)
-        rules = merge(DEFAULT_RULES, agent.rules, config.rules, session.permission)
-        hidden = disabled_tools(services.tools, rules)
+        layers = (services.rules_of(session), *self._lineage.ceilings)
+        hidden = set().union(*(disabled_tools(services.tools, rules) for rules in layers))
         tools = {name: tool for name, tool in services.tools.items() if name not in hidden}
+        history = History(self._ledger, session.id)
         executor = ToolExecutor(
             session_id=session.id,
             directory=Path(session.directory),
             project=session.directory,
             tools=tools,
             disabled=frozenset(hidden),
-            rules=rules,
+            layers=layers,
             ledger=self._ledger,
             permission=services.permission,
             output_dir=config.tool_output_dir,
+            subtasks=ChildSessions(
+                services, session, user_message_id, self._lineage, self._children
+            ),
         )
         runner = Runner(
             session=session,
@@ -411,7 +472,7 @@ class SessionActor:
             system=(agent.prompt, environment_block(session.directory)),
             tool_specs=[services.tool_specs[name] for name in tools],
             max_steps=config.max_steps or agent.steps,
-            ledger_history=History(self._ledger, session.id),
+            ledger_history=history,
             ledger_post=self._ledger.post,
             ledger_flush=self._ledger.flush,
             take_steered=self._take_steered,

@@ -14,7 +14,7 @@ import math
 import structlog
 import trio
 
-from harness.actors.session import SessionActor, SessionServices
+from harness.actors.session import SessionActor, SessionServices, abandon_turn
 from harness.messages.mailbox import (
     CancelSession,
     CancelTurn,
@@ -37,7 +37,15 @@ class Supervisor:
             # What a previous process left: turns it claimed and never finished, and
             # input that was durable but never taken. Both carry on now.
             ledger = self._services.ledger
-            pending = [s for s, _, _ in ledger.claimed_turns()] + ledger.sessions_with_inbox()
+            pending = ledger.sessions_with_inbox()
+            for session_id, message_id, _ in ledger.claimed_turns():
+                session = ledger.session(session_id)
+                if session is not None and session.parent_id is None:
+                    pending.append(session_id)
+                else:
+                    # A child runs only inside its parent's task call; the resumed
+                    # parent sees that call as interrupted and decides what to redo.
+                    await ledger.write(abandon_turn(ledger, session_id, message_id))
             for session_id in dict.fromkeys(pending):
                 self._actor(nursery, session_id).mailbox.send_nowait(Wake())
             if pending:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ from harness.messages.model import (
 )
 from harness.messages.permission import PermissionDecision, PermissionNeed
 from harness.storage.ledger import Ledger
-from harness.tools.base import Tool, ToolContext, ToolFailure, ToolParams
+from harness.tools.base import Subtasks, Tool, ToolContext, ToolFailure, ToolParams
 from harness.tools.truncate import truncate_output
 
 log = structlog.get_logger("harness.tools")
@@ -67,6 +68,17 @@ def describe_denial(need: PermissionNeed, decision: PermissionDecision) -> str:
     return f"a permission rule denies {subject}{shown}; the call was not run"
 
 
+@contextmanager
+def _restoring_log_context() -> Iterator[None]:
+    """Run a call inline (no task of its own) without leaking its log context."""
+    saved = structlog.contextvars.get_contextvars()
+    try:
+        yield
+    finally:
+        structlog.contextvars.clear_contextvars()
+        structlog.contextvars.bind_contextvars(**saved)
+
+
 class ToolExecutor:
     def __init__(
         self,
@@ -76,20 +88,22 @@ class ToolExecutor:
         project: str,
         tools: Mapping[str, Tool[Any]],
         disabled: frozenset[str] = frozenset(),
-        rules: Sequence[Rule],
+        layers: Sequence[Sequence[Rule]],
         ledger: Ledger,
         permission: trio.MemorySendChannel[PermissionMessage],
         output_dir: Path,
+        subtasks: Subtasks | None = None,
     ) -> None:
         self._session_id = session_id
         self._directory = directory
         self._project = project
         self._tools = tools
         self._disabled = disabled  # hidden from the model by a blanket deny rule
-        self._rules = rules
+        self._layers = layers
         self._ledger = ledger
         self._permission = permission
         self._output_dir = output_dir
+        self._subtasks = subtasks
         self.mailbox, self._receive = trio.open_memory_channel[ExecuteCalls](math.inf)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -99,7 +113,8 @@ class ToolExecutor:
                 structlog.contextvars.bind_contextvars(message_id=request.message_id)
                 outcomes: list[CallOutcome | None] = [None] * len(request.calls)
                 if len(request.calls) == 1:
-                    await self._one(request.message_id, request.calls[0], outcomes, 0)
+                    with _restoring_log_context():
+                        await self._one(request.message_id, request.calls[0], outcomes, 0)
                 else:
                     async with trio.open_nursery() as nursery:
                         for index, call in enumerate(request.calls):
@@ -113,6 +128,10 @@ class ToolExecutor:
         outcomes: list[CallOutcome | None],
         index: int,
     ) -> None:
+        # Spans for the log: step (message) -> tool call -> child session.
+        structlog.contextvars.bind_contextvars(
+            call_id=call.call_id, span_id=call.call_id, parent_span_id=message_id
+        )
         outcomes[index] = await self._execute(message_id, call)
 
     def _record(self, message_id: str, call: PlannedCall, state: ToolState) -> NewEvent:
@@ -187,6 +206,7 @@ class ToolExecutor:
             call_id=call.call_id,
             directory=self._directory,
             output_dir=self._output_dir,
+            subtasks=self._subtasks,
         )
         try:
             needs = tool.permissions(args, context)
@@ -217,7 +237,7 @@ class ToolExecutor:
                 call_id=call.call_id,
                 tool=call.tool,
                 need=need,
-                rules=self._rules,
+                layers=self._layers,
                 project=self._project,
                 reply=reply_send,
             )

@@ -87,7 +87,8 @@ class AskPermission:
     call_id: str
     tool: str
     need: PermissionNeed
-    rules: Sequence[Rule]  # the merged ruleset; the session's stored approvals come after
+    # The session's merged ruleset first, then each ancestor's: the strictest answer wins.
+    layers: Sequence[Sequence[Rule]]
     project: str  # the scope of "always" approvals: the session's directory
     reply: trio.MemorySendChannel[PermissionDecision]
 

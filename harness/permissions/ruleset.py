@@ -58,6 +58,36 @@ def evaluate(
     return "ask", None
 
 
+_STRICTNESS: dict[PermissionAction, int] = {"allow": 0, "ask": 1, "deny": 2}
+
+
+def decide(
+    permission: str,
+    pattern: str,
+    layers: Sequence[Sequence[Rule]],
+    approvals: Sequence[Rule] = (),
+) -> tuple[PermissionAction, Rule | None, bool]:
+    """The strictest answer of every layer: ``(action, rule, approved)``.
+
+    A session's own merged ruleset is the first layer; a child session adds its
+    ancestors' rulesets as further layers, so a child is never allowed what a parent is
+    denied (the parent is a ceiling). Stored "always" approvals can turn an ``ask`` into
+    ``allow``, but never override a ``deny``: an approval given in one place must not
+    defeat a rule that forbids the same thing elsewhere.
+    """
+    strictest: tuple[PermissionAction, Rule | None, bool] | None = None
+    for rules in layers:
+        action, rule = evaluate(permission, pattern, rules)
+        approved = False
+        if action == "ask":
+            granted, approval = evaluate(permission, pattern, approvals)
+            if approval is not None and granted == "allow":
+                action, rule, approved = "allow", approval, True
+        if strictest is None or _STRICTNESS[action] > _STRICTNESS[strictest[0]]:
+            strictest = (action, rule, approved)
+    return strictest or ("ask", None, False)
+
+
 def merge(*rulesets: Sequence[Rule]) -> list[Rule]:
     """Concatenate rulesets given lowest priority first (defaults, agent, config, session)."""
     return [rule for ruleset in rulesets for rule in ruleset]

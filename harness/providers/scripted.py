@@ -36,6 +36,7 @@ from harness.messages.provider import (
     StreamEvent,
     TextDelta,
     ToolCallEvent,
+    UserTurn,
 )
 from harness.providers.errors import (
     AuthError,
@@ -86,25 +87,32 @@ class ScriptError(ValueError):
     """The script file is missing or malformed; the message says where."""
 
 
-def load_script(path: Path) -> list[ScriptedTurn]:
+class Script(_Strict):
+    turns: list[ScriptedTurn]
+    subtasks: dict[str, list[ScriptedTurn]] = Field(default_factory=dict)
+
+
+def load_script(path: Path) -> Script:
     try:
         raw = json.loads(path.read_text())
     except FileNotFoundError as error:
         raise ScriptError(f"script not found: {path}") from error
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ScriptError(f"cannot read script {path}: {error}") from error
-    turns = raw.get("turns") if isinstance(raw, dict) else raw
-    if not isinstance(turns, list):
+    if isinstance(raw, list):
+        raw = {"turns": raw}
+    if not isinstance(raw, dict):
         raise ScriptError(f'script {path}: expected a list of turns or {{"turns": [...]}}')
     try:
-        return [ScriptedTurn.model_validate(turn) for turn in turns]
+        return Script.model_validate(raw)
     except ValidationError as error:
         raise ScriptError(f"script {path}: {error}") from error
 
 
-def _call_id(turn_index: int, call_index: int) -> str:
-    # 9 alphanumeric characters, the one id shape every provider (Mistral included) accepts.
-    digest = hashlib.sha256(f"{turn_index}:{call_index}".encode()).hexdigest()
+def _call_id(scope: str, turn_index: int, call_index: int) -> str:
+    # 9 alphanumeric characters, the one id shape every provider (Mistral included) accepts;
+    # the scope (the session) keeps a child's ids apart from its parent's.
+    digest = hashlib.sha256(f"{scope}:{turn_index}:{call_index}".encode()).hexdigest()
     return "c" + digest[:8]
 
 
@@ -129,37 +137,55 @@ def _pieces(text: str, count: int) -> list[str]:
 class ScriptedProvider:
     name = "scripted"
 
-    def __init__(self, turns: list[ScriptedTurn], *, record: bool = False) -> None:
+    def __init__(
+        self,
+        turns: list[ScriptedTurn],
+        *,
+        subtasks: dict[str, list[ScriptedTurn]] | None = None,
+        record: bool = False,
+    ) -> None:
         self.turns = turns
+        self.subtasks = subtasks or {}
         self.record = record
         self.requests: list[ProviderRequest] = []
-        self._attempts: dict[int, int] = {}
+        self._attempts: dict[tuple[str, int], int] = {}
 
     @classmethod
     def from_file(cls, path: Path, *, record: bool = False) -> ScriptedProvider:
-        return cls(load_script(path), record=record)
+        script = load_script(path)
+        return cls(script.turns, subtasks=script.subtasks, record=record)
 
     @classmethod
-    def from_turns(cls, turns: list[dict[str, Any]], *, record: bool = False) -> ScriptedProvider:
-        return cls([ScriptedTurn.model_validate(turn) for turn in turns], record=record)
+    def from_turns(
+        cls,
+        turns: list[dict[str, Any]],
+        *,
+        subtasks: dict[str, list[dict[str, Any]]] | None = None,
+        record: bool = False,
+    ) -> ScriptedProvider:
+        script = Script.model_validate({"turns": turns, "subtasks": subtasks or {}})
+        return cls(script.turns, subtasks=script.subtasks, record=record)
 
     @asynccontextmanager
     async def stream(self, request: ProviderRequest) -> AsyncIterator[AsyncIterator[StreamEvent]]:
         if self.record:
             self.requests.append(request)
+        first = next((m.text for m in request.messages if isinstance(m, UserTurn)), "")
+        key = first if first in self.subtasks else ""
+        turns = self.subtasks[key] if key else self.turns
         index = sum(1 for message in request.messages if isinstance(message, AssistantTurn))
-        if index >= len(self.turns):
+        if index >= len(turns):
             raise BadRequestError(
-                f"the script has {len(self.turns)} turns and turn {index + 1} was asked for"
+                f"the script has {len(turns)} turns and turn {index + 1} was asked for"
             )
-        turn = self.turns[index]
-        attempt = self._attempts.get(index, 0) + 1
-        self._attempts[index] = attempt
-        async with aclosing(self._events(turn, index, attempt)) as events:
+        turn = turns[index]
+        attempt = self._attempts.get((key, index), 0) + 1
+        self._attempts[(key, index)] = attempt
+        async with aclosing(self._events(turn, index, attempt, request.session_id)) as events:
             yield events
 
     async def _events(
-        self, turn: ScriptedTurn, index: int, attempt: int
+        self, turn: ScriptedTurn, index: int, attempt: int, scope: str
     ) -> AsyncGenerator[StreamEvent, None]:
         if turn.delay:
             await trio.sleep(turn.delay)
@@ -179,7 +205,7 @@ class ScriptedProvider:
             arguments = (
                 call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments)
             )
-            yield ToolCallEvent(call.id or _call_id(index, number), call.name, arguments)
+            yield ToolCallEvent(call.id or _call_id(scope, index, number), call.name, arguments)
         usage = (
             Tokens(input=turn.usage.input, output=turn.usage.output)
             if turn.usage is not None

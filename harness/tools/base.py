@@ -14,7 +14,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -23,6 +23,8 @@ from harness.messages.permission import PermissionNeed
 __all__ = [
     "P",
     "PermissionNeed",
+    "SubtaskResult",
+    "Subtasks",
     "Tool",
     "ToolContext",
     "ToolFailure",
@@ -41,12 +43,39 @@ P = TypeVar("P", bound=ToolParams)
 
 
 @dataclass(slots=True, frozen=True)
+class SubtaskResult:
+    session_id: str
+    reason: str  # the child turn's stop reason: "answered", "denied", ...
+    answer: str
+    error: str | None = None
+
+
+class Subtasks(Protocol):
+    """Runs a child session inside the calling tool (the ``task`` tool).
+
+    Provided by the session that owns the call, so tools never import actors; the child
+    lives inside the call's cancel scope, and cancelling the call cancels the child.
+    """
+
+    async def run(
+        self,
+        *,
+        call_id: str,
+        description: str,
+        prompt: str,
+        agent: str | None,
+        session_id: str | None,
+    ) -> SubtaskResult: ...
+
+
+@dataclass(slots=True, frozen=True)
 class ToolContext:
     session_id: str
     message_id: str
     call_id: str
     directory: Path  # the session's working directory, already resolved
     output_dir: Path  # where truncated outputs are saved in full ($HARNESS_HOME/tool-output)
+    subtasks: Subtasks | None = None
 
 
 @dataclass(slots=True)

@@ -13,6 +13,7 @@ from harness.tools.glob import GlobTool
 from harness.tools.grep import GrepTool
 from harness.tools.list import ListTool
 from harness.tools.read import ReadTool
+from harness.tools.task import TaskTool
 from harness.tools.write import WriteTool
 
 
@@ -25,6 +26,7 @@ def builtin_tools() -> dict[str, Tool[Any]]:
         GlobTool(),
         GrepTool(),
         ListTool(),
+        TaskTool(),
     ]
     return {tool.name: tool for tool in tools}
 

@@ -1,0 +1,143 @@
+"""Child sessions: what the ``task`` tool runs (the session tree of DESIGN §3).
+
+A child is a SessionActor of its own, with its own ledger session (``parent_id`` set),
+started inside the parent's tool call: it lives in that call's cancel scope, so
+cancelling the parent cancels the child and everything under it. Its permissions are
+capped by its ancestors' (each ancestor's ruleset is a further layer the strictest
+answer of which wins), and the tree is bounded in depth and in children running at once.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import structlog
+import trio
+
+from harness.actors.event_feed import subscription
+from harness.agents import get_agent
+from harness.messages import ids
+from harness.messages.events import NewEvent
+from harness.messages.mailbox import RegisterChild
+from harness.messages.model import InboxItem, Rule, Session, SubtaskPart
+from harness.tools.base import SubtaskResult, ToolFailure
+
+if TYPE_CHECKING:
+    from harness.actors.session import SessionServices
+
+log = structlog.get_logger("harness.children")
+
+
+@dataclass(frozen=True, slots=True)
+class Lineage:
+    """Where a session sits in its tree: what its ancestors allow and how deep it is."""
+
+    depth: int = 0
+    ceilings: tuple[tuple[Rule, ...], ...] = ()  # each ancestor's merged ruleset
+    trace_id: str = ""  # the root session's id
+
+
+class ChildSessions:
+    """The ``Subtasks`` a session gives its tool calls."""
+
+    def __init__(
+        self,
+        services: SessionServices,
+        parent: Session,
+        message_id: str,
+        lineage: Lineage,
+        limiter: trio.Semaphore,
+    ) -> None:
+        self._services = services
+        self._parent = parent
+        self._message_id = message_id
+        self._lineage = lineage
+        self._limiter = limiter
+
+    async def run(
+        self,
+        *,
+        call_id: str,
+        description: str,
+        prompt: str,
+        agent: str | None,
+        session_id: str | None,
+    ) -> SubtaskResult:
+        config = self._services.config
+        if self._lineage.depth + 1 > config.max_task_depth:
+            raise ToolFailure(
+                f"cannot start a subtask: sessions may nest at most {config.max_task_depth} "
+                "deep; do this part of the work yourself"
+            )
+        ledger = self._services.ledger
+        if session_id is not None:
+            child = ledger.session(session_id)
+            if child is None or child.parent_id != self._parent.id:
+                raise ToolFailure(f"{session_id} is not a subtask session of this session")
+        else:
+            name = agent or "general"
+            try:
+                get_agent(name)
+            except ValueError as error:
+                raise ToolFailure(str(error)) from error
+            now = time.time()
+            child = Session(
+                id=ids.session_id(),
+                parent_id=self._parent.id,
+                title=description[:50],
+                directory=self._parent.directory,
+                agent=name,
+                model=self._parent.model,
+                created=now,
+                updated=now,
+            )
+        async with self._limiter:
+            return await self._run(child, call_id, description, prompt, session_id is None)
+
+    async def _run(
+        self, child: Session, call_id: str, description: str, prompt: str, new: bool
+    ) -> SubtaskResult:
+        from harness.actors.session import SessionActor
+
+        services = self._services
+        ledger = services.ledger
+        marker = SubtaskPart(
+            id=ids.part_id(),
+            session_id=self._parent.id,
+            message_id=self._message_id,
+            child_session_id=child.id,
+            description=description,
+        )
+        item = InboxItem(id=ids.message_id(), session_id=child.id, text=prompt, created=time.time())
+        events = [NewEvent("part.created", self._parent.id, marker.model_dump(mode="json"))]
+        if new:
+            events.insert(0, NewEvent("session.created", child.id, child.model_dump(mode="json")))
+        events.append(NewEvent("inbox.added", child.id, item.model_dump(mode="json")))
+        await services.feed.send(RegisterChild(self._parent.id, child.id))
+        parent_rules = services.rules_of(self._parent)
+        lineage = Lineage(
+            depth=self._lineage.depth + 1,
+            ceilings=(*self._lineage.ceilings, parent_rules),
+            trace_id=self._lineage.trace_id or self._parent.id,
+        )
+        actor = SessionActor(services, child.id, lineage=lineage, parent_span=call_id)
+        log.info("subtask started", child_session_id=child.id, call_id=call_id)
+        async with (
+            subscription(services.feed, child.id) as events_channel,
+            trio.open_nursery() as nursery,
+        ):
+            await ledger.write(events)
+            await nursery.start(actor.run)
+            async for event in events_channel:
+                if event.type == "turn.finished" and event.data.get("message_id") == item.id:
+                    nursery.cancel_scope.cancel()
+                    log.info("subtask finished", child_session_id=child.id)
+                    return SubtaskResult(
+                        child.id,
+                        event.data["reason"],
+                        event.data.get("answer") or "",
+                        event.data.get("error"),
+                    )
+        raise ToolFailure(f"the subtask session {child.id} stopped without an answer")
