@@ -32,6 +32,35 @@ def _mask_secrets(
 _stream: TextIO | None = None
 
 
+class _ToStructlog(logging.Handler):
+    """Standard-library records (libraries, ``warnings``) as lines of the same JSON stream.
+
+    Without it, a library warning would reach stderr as plain text through logging's
+    last-resort handler and break "one JSON object per line".
+    """
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            extra: dict[str, Any] = {"logger": record.name}
+            if record.exc_info:
+                extra["exc_info"] = record.exc_info
+            # A warning's text carries its source line after a newline: keep one line.
+            message = " ".join(record.getMessage().split())
+            structlog.get_logger(record.name).log(record.levelno, message, **extra)
+        except Exception:
+            self.handleError(record)
+
+
+def _route_stdlib_logging(level: int) -> None:
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, _ToStructlog):
+            root.removeHandler(handler)
+    root.addHandler(_ToStructlog())
+    root.setLevel(level)
+    logging.captureWarnings(True)
+
+
 def configure_logging(
     *, level: str = "info", format: str = "json", file: Path | None = None
 ) -> None:
@@ -49,6 +78,8 @@ def configure_logging(
         if format == "json"
         else structlog.dev.ConsoleRenderer(colors=False)
     )
+    numeric_level = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
+    _route_stdlib_logging(numeric_level)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -58,9 +89,7 @@ def configure_logging(
             structlog.processors.format_exc_info,
             renderer,
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(
-            logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
-        ),
+        wrapper_class=structlog.make_filtering_bound_logger(numeric_level),
         logger_factory=structlog.WriteLoggerFactory(file=_stream),
         cache_logger_on_first_use=False,
     )

@@ -17,6 +17,7 @@ ledger), then lets the writer drain before the ledger closes.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
@@ -24,7 +25,7 @@ from pathlib import Path
 import structlog
 import trio
 
-from harness.actors.event_feed import EventFeed
+from harness.actors.event_feed import EventFeed, overflow_event
 from harness.actors.permission import Permission
 from harness.actors.session import SessionServices
 from harness.actors.supervisor import Supervisor
@@ -37,6 +38,7 @@ from harness.messages.mailbox import (
     CancelSession,
     FeedMessage,
     ListPending,
+    RegisterChild,
     ReplyPermission,
     Subscribe,
     Subscription,
@@ -50,6 +52,9 @@ from harness.storage.ledger import Ledger
 from harness.tools.registry import builtin_tools, tool_specs
 
 log = structlog.get_logger("harness")
+
+
+_DELETE_WAIT = 10.0  # seconds a deletion waits for a cancelled turn to write its last events
 
 
 class HarnessError(ValueError):
@@ -72,6 +77,7 @@ class Harness:
         self._feed = feed
         self._permission = permission
         self._supervisor = supervisor
+        self.closing = False  # set when the block ends: a closed feed is then no overflow
 
     # --- sessions ---------------------------------------------------------------------------
 
@@ -107,6 +113,9 @@ class Harness:
             created=now,
             updated=now,
         )
+        if parent_id is not None:
+            # Before the write: the child's very first event already belongs to the tree.
+            await self._feed.send(RegisterChild(parent_id, session.id))
         await self.ledger.write(
             [NewEvent("session.created", session.id, session.model_dump(mode="json"))]
         )
@@ -125,6 +134,28 @@ class Harness:
     async def messages(self, session_id: str) -> list[MessageWithParts]:
         self.session(session_id)
         return self.ledger.messages(session_id)
+
+    async def delete_session(self, session_id: str) -> None:
+        """Drop queued input, cancel a running turn, then delete the session's rows.
+
+        The deletion is written only after the cancelled turn has written its last
+        events, so a late ``session.updated`` cannot bring the row back; queued input is
+        taken first so the session actor finds nothing left to start.
+        """
+        self.session(session_id)
+        queued = self.ledger.inbox(session_id)
+        if queued:
+            await self.ledger.write(
+                [NewEvent("inbox.taken", session_id, {"id": item.id}) for item in queued]
+            )
+        async with self.subscribe(session_id) as events:
+            if await self.cancel(session_id):
+                with trio.move_on_after(_DELETE_WAIT):
+                    async for event in events:
+                        if event.type == "turn.finished" and event.session_id == session_id:
+                            break
+        await self.ledger.write([NewEvent("session.deleted", session_id, {"id": session_id})])
+        log.info("session deleted", session_id=session_id, dropped_inputs=len(queued))
 
     # --- input ------------------------------------------------------------------------------
 
@@ -194,6 +225,39 @@ class Harness:
             with suppress(trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
                 self._feed.send_nowait(Unsubscribe(subscription.id))
 
+    @asynccontextmanager
+    async def follow(
+        self, session_id: str | None = None, after_seq: int | None = None, *, buffer: int = 4096
+    ) -> AsyncIterator[EventStream]:
+        """Events after ``after_seq`` from the ledger, then live: no gap, no duplicate.
+
+        Subscribes to the live feed first, then replays the ledger up to its last seq as
+        of that moment, then passes live events on, skipping durable ones already
+        replayed. Without ``after_seq`` it starts from now. A subscriber that falls behind
+        gets a final ``feed.overflow`` event naming the seq to resume from.
+        """
+        family: list[str] | None = None
+        if session_id is not None:
+            edges = self.session_tree(session_id)
+            family = [session_id, *(child for _, child in edges)]
+            for parent, child in edges:  # the feed forgets the tree when the process restarts
+                await self._feed.send(RegisterChild(parent, child))
+        async with self.subscribe(session_id, buffer=buffer) as live:
+            snapshot = self.ledger.last_seq()
+            start = snapshot if after_seq is None else min(after_seq, snapshot)
+            yield EventStream(self, live, session_id, family, start, snapshot)
+
+    def session_tree(self, session_id: str) -> list[tuple[str, str]]:
+        """The (parent, child) pairs below a session, parents before their children."""
+        edges: list[tuple[str, str]] = []
+        frontier = [session_id]
+        while frontier:
+            parent = frontier.pop(0)
+            for child in self.ledger.children(parent):
+                edges.append((parent, child.id))
+                frontier.append(child.id)
+        return edges
+
     # --- permissions ------------------------------------------------------------------------
 
     async def pending_permissions(self, session_id: str | None = None) -> list[PermissionRequest]:
@@ -208,6 +272,82 @@ class Harness:
         done_send, done_receive = trio.open_memory_channel[bool](1)
         await self._permission.mailbox.send(ReplyPermission(request_id, reply, message, done_send))
         return await done_receive.receive()
+
+
+class EventStream:
+    """What ``Harness.follow`` yields: ``await receive()`` or ``async for``.
+
+    ``receive`` may be cancelled at any point (a heartbeat timeout) without losing an
+    event, which an async generator could not offer. ``last_seq`` is the seq of the last
+    durable event handed out: the point to resume from.
+    """
+
+    _PAGE = 500
+
+    def __init__(
+        self,
+        harness: Harness,
+        live: trio.MemoryReceiveChannel[Event],
+        session_id: str | None,
+        family: list[str] | None,
+        after_seq: int,
+        replay_until: int,
+    ) -> None:
+        self._harness = harness
+        self._live = live
+        self._session_id = session_id
+        self._family = family
+        self._cursor = after_seq
+        self._until = replay_until
+        self._replayed: deque[Event] = deque()
+        self._replaying = after_seq < replay_until
+        self._ended = False
+        self.last_seq = after_seq
+
+    def _next_page(self) -> None:
+        page = self._harness.ledger.events_after(
+            self._cursor, session_ids=self._family, limit=self._PAGE
+        )
+        page = [event for event in page if event.seq is not None and event.seq <= self._until]
+        if not page:
+            self._replaying = False
+            return
+        self._cursor = page[-1].seq or self._cursor
+        self._replayed.extend(page)
+
+    async def receive(self) -> Event:
+        await trio.lowlevel.checkpoint()
+        while True:
+            if self._replayed:
+                event = self._replayed.popleft()
+                self.last_seq = event.seq or self.last_seq
+                return event
+            if self._replaying:
+                self._next_page()
+                continue
+            if self._ended:
+                raise trio.EndOfChannel
+            try:
+                event = await self._live.receive()
+            except (trio.EndOfChannel, trio.ClosedResourceError):
+                self._ended = True
+                if self._harness.closing:
+                    raise trio.EndOfChannel from None
+                return overflow_event(self._session_id or "", self.last_seq)
+            if event.seq is not None:
+                if event.seq <= self.last_seq:
+                    continue  # already replayed
+                self.last_seq = event.seq
+            return event
+
+    def __aiter__(self) -> EventStream:
+        return self
+
+    async def __anext__(self) -> Event:
+        try:
+            return await self.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
 
 
 def _leaves(error: BaseException) -> list[BaseException]:
@@ -254,9 +394,11 @@ async def open_harness(config: Config | None = None) -> AsyncIterator[Harness]:
                 async with trio.open_nursery() as inner:
                     await inner.start(permission.run)
                     await inner.start(supervisor.run)
+                    harness = Harness(config, ledger, feed.mailbox, permission, supervisor)
                     try:
-                        yield Harness(config, ledger, feed.mailbox, permission, supervisor)
+                        yield harness
                     finally:
+                        harness.closing = True
                         inner.cancel_scope.cancel()
             finally:
                 ledger.close_writer()

@@ -1,0 +1,35 @@
+"""Request bodies of the daemon API (DESIGN §9), validated at the socket.
+
+Unknown fields are refused, so a typo (``"delivry"``) is a 422 naming the field rather
+than a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from harness.messages.model import Delivery, Rule
+from harness.messages.permission import Reply
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class CreateSessionBody(_Body):
+    directory: str | None = None
+    model: str | None = None
+    agent: str | None = None
+    title: str = ""
+    permission: list[Rule] = Field(default_factory=list)
+
+
+class PromptBody(_Body):
+    text: str = Field(min_length=1)
+    delivery: Delivery = "queue"
+    message_id: str | None = Field(default=None, min_length=1, max_length=200)
+
+
+class PermissionReplyBody(_Body):
+    reply: Reply
+    message: str | None = None

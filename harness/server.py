@@ -1,0 +1,522 @@
+"""The daemon: HTTP/1.1 + JSON over a Unix socket, h11 on a Trio listener (DESIGN §9).
+
+A thin adapter: every handler validates its input, calls one ``Harness`` method (or
+reads the ledger) and turns the answer into JSON. The loop lives in the actors.
+
+Socket rules: the directory is 0700 and the socket 0600; a peer of another uid is
+refused (``SO_PEERCRED``); before binding, an existing socket file is probed: a daemon
+that answers means we refuse to start, a dead one is removed; the file is removed on
+exit (if it is still ours).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket as stdlib_socket
+import stat
+import struct
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import h11
+import structlog
+import trio
+from pydantic import BaseModel, ValidationError
+
+from harness.agents import UnknownAgentError
+from harness.config import Config
+from harness.messages.api import CreateSessionBody, PermissionReplyBody, PromptBody
+from harness.messages.events import Event
+from harness.providers.errors import ProviderError
+from harness.runtime import Harness, HarnessError, open_harness
+
+log = structlog.get_logger("harness.server")
+
+MAX_BODY = 10 * 1024 * 1024
+HEARTBEAT = 15.0  # seconds between SSE comments; clients give up after three missed
+_READ_SIZE = 65536
+_SSE_HEADERS = [
+    ("content-type", "text/event-stream"),
+    ("cache-control", "no-cache"),
+    ("x-accel-buffering", "no"),
+]
+
+
+class DaemonRunning(RuntimeError):
+    """Another daemon answers on the socket path: refuse to start."""
+
+
+class ApiError(Exception):
+    """A request the API refuses: becomes ``{"error": {"code", "message"}}``."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+@dataclass(slots=True)
+class Request:
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self, model: type[BaseModel]) -> Any:
+        """The body validated against ``model``; 400 when not JSON, 422 when it does not fit."""
+        try:
+            raw = json.loads(self.body or b"{}")
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ApiError(400, "malformed_json", f"the body is not valid JSON: {error}") from None
+        if not isinstance(raw, dict):
+            raise ApiError(422, "invalid_body", "the body must be a JSON object")
+        try:
+            return model.model_validate(raw)
+        except ValidationError as error:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in item['loc']) or 'body'}: {item['msg']}"
+                for item in error.errors()
+            )
+            raise ApiError(422, "invalid_body", problems) from None
+
+    def param(self, name: str) -> str | None:
+        values = self.query.get(name)
+        return values[-1] if values else None
+
+
+@dataclass(slots=True)
+class Response:
+    status: int
+    body: Any
+
+
+# --- handlers: validate, call the Harness, answer --------------------------------------------
+
+
+def _session_or_404(h: Harness, session_id: str) -> Any:
+    session = h.ledger.session(session_id)
+    if session is None:
+        raise ApiError(404, "not_found", f"no session {session_id}")
+    return session
+
+
+async def _health(h: Harness, request: Request) -> Response:
+    return Response(200, {"ok": True, "pid": os.getpid(), "last_seq": h.ledger.last_seq()})
+
+
+async def _create_session(h: Harness, request: Request) -> Response:
+    body: CreateSessionBody = request.json(CreateSessionBody)
+    try:
+        session = await h.create_session(
+            body.directory or ".",
+            model=body.model,
+            agent=body.agent,
+            title=body.title,
+            permission=body.permission,
+        )
+    except (HarnessError, UnknownAgentError, ProviderError) as error:
+        raise ApiError(422, "invalid_session", str(error)) from None
+    return Response(201, session.model_dump(mode="json"))
+
+
+async def _list_sessions(h: Harness, request: Request) -> Response:
+    return Response(200, [s.model_dump(mode="json") for s in h.sessions()])
+
+
+async def _get_session(h: Harness, request: Request, session_id: str) -> Response:
+    return Response(200, _session_or_404(h, session_id).model_dump(mode="json"))
+
+
+async def _delete_session(h: Harness, request: Request, session_id: str) -> Response:
+    _session_or_404(h, session_id)
+    await h.delete_session(session_id)
+    return Response(200, {"id": session_id, "deleted": True})
+
+
+async def _messages(h: Harness, request: Request, session_id: str) -> Response:
+    _session_or_404(h, session_id)
+    messages = await h.messages(session_id)
+    return Response(200, [m.model_dump(mode="json") for m in messages])
+
+
+async def _prompt(h: Harness, request: Request, session_id: str) -> Response:
+    body: PromptBody = request.json(PromptBody)
+    _session_or_404(h, session_id)
+    try:
+        message_id = await h.prompt(
+            session_id, body.text, delivery=body.delivery, message_id=body.message_id
+        )
+    except HarnessError as error:
+        raise ApiError(422, "invalid_prompt", str(error)) from None
+    return Response(202, {"message_id": message_id})
+
+
+async def _cancel(h: Harness, request: Request, session_id: str) -> Response:
+    _session_or_404(h, session_id)
+    return Response(200, {"cancelled": await h.cancel(session_id)})
+
+
+async def _list_permissions(h: Harness, request: Request) -> Response:
+    session_id = request.param("session")
+    if session_id is not None:
+        _session_or_404(h, session_id)
+    pending = await h.pending_permissions(session_id)
+    return Response(200, [p.model_dump(mode="json") for p in pending])
+
+
+async def _reply_permission(h: Harness, request: Request, request_id: str) -> Response:
+    body: PermissionReplyBody = request.json(PermissionReplyBody)
+    if not await h.reply_permission(request_id, body.reply, body.message):
+        raise ApiError(404, "not_found", f"no pending permission {request_id}")
+    return Response(200, {"id": request_id, "reply": body.reply})
+
+
+Handler = Callable[..., Awaitable[Response]]
+_ID = r"([A-Za-z0-9_\-]+)"
+ROUTES: list[tuple[re.Pattern[str], dict[str, Handler | None]]] = [
+    (re.compile(r"/v1/health"), {"GET": _health}),
+    (re.compile(r"/v1/sessions"), {"GET": _list_sessions, "POST": _create_session}),
+    (re.compile(rf"/v1/sessions/{_ID}"), {"GET": _get_session, "DELETE": _delete_session}),
+    (re.compile(rf"/v1/sessions/{_ID}/messages"), {"GET": _messages}),
+    (re.compile(rf"/v1/sessions/{_ID}/prompt"), {"POST": _prompt}),
+    (re.compile(rf"/v1/sessions/{_ID}/cancel"), {"POST": _cancel}),
+    (re.compile(r"/v1/permissions"), {"GET": _list_permissions}),
+    (re.compile(rf"/v1/permissions/{_ID}"), {"POST": _reply_permission}),
+    (re.compile(r"/v1/events"), {"GET": None}),  # None: the event stream, served below
+]
+
+
+def route(method: str, path: str) -> tuple[Handler | None, list[str]]:
+    """The handler and the path's ids; ``None`` means the events stream."""
+    for pattern, methods in ROUTES:
+        match = pattern.fullmatch(path)
+        if match is None:
+            continue
+        if method not in methods:
+            allowed = ", ".join(sorted(methods))
+            raise ApiError(405, "method_not_allowed", f"{method} {path}: use {allowed}")
+        return methods[method], list(match.groups())
+    raise ApiError(404, "not_found", f"no route {path}")
+
+
+# --- one connection ------------------------------------------------------------------------
+
+
+class _ClientGone(Exception):
+    """The peer closed the connection or broke the protocol: stop quietly."""
+
+
+class Connection:
+    """One client connection: requests in order (keep-alive), or one event stream."""
+
+    def __init__(self, h: Harness, stream: trio.SocketStream) -> None:
+        self.h = h
+        self.stream = stream
+        self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=64 * 1024)
+
+    async def _send(self, *events: h11.Event) -> None:
+        data = b"".join(self.conn.send(event) or b"" for event in events)
+        try:
+            await self.stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+            raise _ClientGone from error
+
+    async def _next_event(self) -> h11.Event | type[h11.PAUSED] | type[h11.NEED_DATA]:
+        while True:
+            event = self.conn.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            try:
+                data = await self.stream.receive_some(_READ_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+                raise _ClientGone from error
+            self.conn.receive_data(data)
+
+    async def _read_request(self) -> Request | None:
+        """The next request with its body; None when the client closed between requests."""
+        try:
+            event = await self._next_event()
+            if isinstance(event, h11.ConnectionClosed):
+                return None
+            if not isinstance(event, h11.Request):
+                raise _ClientGone
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in event.headers}
+            target = urlsplit(event.target.decode("latin-1"))
+            request = Request(
+                event.method.decode("ascii"),
+                unquote(target.path).rstrip("/") or "/",
+                parse_qs(target.query),
+                headers,
+                b"",
+            )
+            declared = headers.get("content-length", "0")
+            if declared.isdigit() and int(declared) > MAX_BODY:
+                raise ApiError(413, "body_too_large", f"the body is over {MAX_BODY} bytes")
+            if self.conn.they_are_waiting_for_100_continue:  # curl waits for this on big bodies
+                await self._send(h11.InformationalResponse(status_code=100, headers=[]))
+            chunks: list[bytes] = []
+            size = 0
+            while True:
+                event = await self._next_event()
+                if isinstance(event, h11.Data):
+                    size += len(event.data)
+                    if size > MAX_BODY:
+                        raise ApiError(413, "body_too_large", f"the body is over {MAX_BODY} bytes")
+                    chunks.append(bytes(event.data))
+                elif isinstance(event, h11.EndOfMessage):
+                    break
+                else:
+                    raise _ClientGone
+            request.body = b"".join(chunks)
+            return request
+        except h11.RemoteProtocolError as error:
+            if self.conn.their_state is h11.ERROR and self.conn.our_state is h11.SEND_RESPONSE:
+                raise ApiError(400, "bad_request", f"malformed HTTP request: {error}") from None
+            raise _ClientGone from error
+
+    async def send_json(self, status: int, body: Any, *, close: bool = False) -> None:
+        data = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+        headers = [("content-type", "application/json"), ("content-length", str(len(data)))]
+        if close:
+            headers.append(("connection", "close"))
+        await self._send(h11.Response(status_code=status, headers=headers), h11.Data(data=data))
+        await self._send(h11.EndOfMessage())
+
+    async def serve(self) -> None:
+        started = 0.0
+        request: Request | None = None
+        while True:
+            try:
+                request = await self._read_request()
+                if request is None:
+                    return
+                started = time.perf_counter()
+                handler, ids = route(request.method, request.path)
+                if handler is None:
+                    await self._events(request)
+                    return
+                with _session_context(request.path, ids):
+                    response = await handler(self.h, request, *ids)
+                    await self.send_json(response.status, response.body)
+                    _log_request(request, response.status, started)
+            except ApiError as error:
+                await self._refuse(request, error, started)
+                if self.conn.our_state is not h11.DONE or error.status == 413:
+                    return  # the rest of the request was not read: the connection is spent
+            if self.conn.our_state is h11.MUST_CLOSE or self.conn.their_state is not h11.DONE:
+                return
+            self.conn.start_next_cycle()
+            request = None
+
+    async def _refuse(self, request: Request | None, error: ApiError, started: float) -> None:
+        log.warning(
+            "request refused",
+            method=request.method if request else None,
+            path=request.path if request else None,
+            status=error.status,
+            code=error.code,
+            error=error.message,
+            ms=round((time.perf_counter() - started) * 1000, 2) if started else None,
+        )
+        if self.conn.our_state is not h11.SEND_RESPONSE:
+            raise _ClientGone  # a response already started: nothing better to do than close
+        body = {"error": {"code": error.code, "message": error.message}}
+        await self.send_json(error.status, body, close=error.status == 413)
+
+    # --- server-sent events ----------------------------------------------------------------
+
+    async def _events(self, request: Request) -> None:
+        session_id = request.param("session")
+        if session_id is not None:
+            _session_or_404(self.h, session_id)
+        after = _after(request)
+        log.info("event stream opened", session_id=session_id, after=after)
+        async with self.h.follow(session_id, after) as events:
+            # Subscribed before the headers go out: a client may prompt once it has them.
+            await self._send(h11.Response(status_code=200, headers=_SSE_HEADERS))
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._until_peer_closes, nursery.cancel_scope)
+                await self._pump(events)
+                nursery.cancel_scope.cancel()
+        log.info("event stream closed", session_id=session_id, last_seq=events.last_seq)
+
+    async def _pump(self, events: Any) -> None:
+        while True:
+            with trio.move_on_after(HEARTBEAT) as waited:
+                event: Event = await events.receive()
+            if waited.cancelled_caught:
+                await self._send(h11.Data(data=b": heartbeat\n\n"))
+                continue
+            await self._send(h11.Data(data=sse_frame(event)))
+            if event.type == "feed.overflow":
+                log.warning("event stream cut off", last_seq=event.data.get("last_seq"))
+                await self._send(h11.EndOfMessage())
+                return
+
+    async def _until_peer_closes(self, scope: trio.CancelScope) -> None:
+        """A stream only writes; reading tells us at once when the client went away."""
+        while True:
+            try:
+                data = await self.stream.receive_some(_READ_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                data = b""
+            if not data:
+                scope.cancel()
+                return
+
+
+def sse_frame(event: Event) -> bytes:
+    """One event: ``id:`` is the ledger seq (durable events only), ``data:`` the event."""
+    head = f"id: {event.seq}\n" if event.seq is not None else ""
+    return f"{head}data: {event.to_json()}\n\n".encode()
+
+
+def _after(request: Request) -> int | None:
+    text = request.headers.get("last-event-id") or request.param("after")
+    if text is None or text == "":
+        return None
+    if not text.isdigit():
+        raise ApiError(400, "bad_after", f"after / Last-Event-ID must be a seq number: {text!r}")
+    return int(text)
+
+
+@contextmanager
+def _session_context(path: str, ids: list[str]) -> Any:
+    if ids and path.startswith("/v1/sessions/"):
+        with structlog.contextvars.bound_contextvars(session_id=ids[0]):
+            yield
+    else:
+        yield
+
+
+def _log_request(request: Request, status: int, started: float) -> None:
+    ms = round((time.perf_counter() - started) * 1000, 2)
+    log.info("request", method=request.method, path=request.path, status=status, ms=ms)
+
+
+def peer_uid(stream: trio.SocketStream) -> int:
+    raw = stream.socket.getsockopt(
+        stdlib_socket.SOL_SOCKET, stdlib_socket.SO_PEERCRED, struct.calcsize("3i")
+    )
+    _pid, uid, _gid = struct.unpack("3i", raw)
+    return int(uid)
+
+
+async def handle_connection(h: Harness, stream: trio.SocketStream) -> None:
+    """Serve one connection; whatever happens here never reaches the listener."""
+    connection = Connection(h, stream)
+    try:
+        async with stream:
+            if peer_uid(stream) != os.getuid():
+                log.warning("peer refused: another user")
+                await connection.send_json(
+                    403,
+                    {"error": {"code": "forbidden", "message": "this daemon serves its owner"}},
+                    close=True,
+                )
+                return
+            await connection.serve()
+    except _ClientGone:
+        pass
+    except Exception:
+        log.exception("connection failed")
+        if connection.conn.our_state is h11.SEND_RESPONSE:
+            body = {"error": {"code": "internal", "message": "internal error (see the log)"}}
+            with suppress(_ClientGone, h11.LocalProtocolError):
+                await connection.send_json(500, body, close=True)
+
+
+# --- the socket ----------------------------------------------------------------------------
+
+
+def _probe(path: Path) -> bool:
+    """Whether a daemon answers on ``path``."""
+    probe = stdlib_socket.socket(stdlib_socket.AF_UNIX, stdlib_socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
+def prepare_socket_path(path: Path) -> None:
+    """Make the directory private and clear a stale socket; refuse if a daemon answers."""
+    directory = path.parent
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = directory.stat()
+    # Our own directory is made private; a shared sticky one (/tmp) is left alone and the
+    # socket's own mode and the peer uid check still keep others out.
+    if info.st_uid == os.getuid() and not info.st_mode & stat.S_ISVTX:
+        directory.chmod(0o700)
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise DaemonRunning(f"{path} exists and is not a socket; move it away or pick another")
+    if _probe(path):
+        raise DaemonRunning(f"a daemon is already listening on {path}")
+    log.info("removing a stale socket", socket=str(path))
+    path.unlink(missing_ok=True)
+
+
+async def open_listener(path: Path) -> trio.SocketListener:
+    prepare_socket_path(path)
+    sock = trio.socket.socket(stdlib_socket.AF_UNIX, stdlib_socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)  # the socket is born 0600: no window where others may connect
+    try:
+        await sock.bind(str(path))
+    except OSError as error:
+        sock.close()
+        raise DaemonRunning(f"cannot bind {path}: {error.strerror}") from None
+    finally:
+        os.umask(old_umask)
+    path.chmod(0o600)
+    sock.listen(512)
+    return trio.SocketListener(sock)
+
+
+def _remove_if_ours(path: Path, inode: int) -> None:
+    try:
+        if path.lstat().st_ino == inode:
+            path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+async def serve(
+    config: Config,
+    socket_path: Path | None = None,
+    *,
+    task_status: trio.TaskStatus[tuple[Harness, Path]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the daemon until cancelled: the actor tree plus the listener on the socket."""
+    path = socket_path or config.socket_path
+    listener = await open_listener(path)
+    inode = path.lstat().st_ino
+    try:
+        async with open_harness(config) as h, trio.open_nursery() as nursery:
+
+            async def handler(stream: trio.SocketStream) -> None:
+                await handle_connection(h, stream)
+
+            await nursery.start(trio.serve_listeners, handler, [listener])
+            log.info("daemon listening", socket=str(path), pid=os.getpid(), model=config.model)
+            task_status.started((h, path))
+    finally:
+        with trio.CancelScope(shield=True):
+            await listener.aclose()
+        _remove_if_ours(path, inode)
+        log.info("daemon stopped", socket=str(path))
