@@ -1,7 +1,10 @@
-"""The command line (DESIGN §9): ``harness run``, ``sessions``, ``show``.
+"""The command line (DESIGN §9): ``serve``, ``run``, ``sessions``, ``show``, ``events``,
+``cancel``, ``approve``, ``deny``.
 
 Only the standard library is imported at module level: ``harness --help`` must answer in
-well under 100 ms, and each command imports what it needs when it runs.
+well under 100 ms, and each command imports what it needs when it runs. The commands that
+talk to the daemon use ``harness.client`` (standard library only), so ``harness sessions``
+against a live daemon never loads Trio, httpx or pydantic.
 
 Exit codes (contract): 0 answered, 1 error, 2 usage, 3 stopped by a limit, 4 stopped by
 a denial, 130 cancelled.
@@ -20,8 +23,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 if TYPE_CHECKING:
+    from harness.client import Client, WireEvent
     from harness.messages.events import Event
-    from harness.messages.model import MessageWithParts, Rule
+    from harness.messages.model import Rule
     from harness.runtime import Harness
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_LIMIT, EXIT_DENIED, EXIT_CANCELLED = 0, 1, 2, 3, 4, 130
@@ -72,31 +76,65 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--json", action="store_true", help="print one event per line on stdout")
     run.add_argument(
-        "--embedded", action="store_true", help="run in this process (no daemon exists yet)"
+        "--embedded", action="store_true", help="run in this process even when a daemon answers"
     )
 
-    sessions = commands.add_parser("sessions", help="list sessions from the ledger")
+    serve = commands.add_parser("serve", help="run the daemon: the HTTP API on a Unix socket")
+    serve.add_argument(
+        "--socket", help="the socket path (default $HARNESS_SOCKET or $HARNESS_HOME/harness.sock)"
+    )
+    serve.add_argument("--log-file", help="write the JSON log lines to this file, not stderr")
+
+    sessions = commands.add_parser("sessions", help="list sessions")
     sessions.add_argument("--json", action="store_true", help="print JSON")
 
     show = commands.add_parser("show", help="print a session's transcript")
     show.add_argument("session", help="the session id (ses_…)")
     show.add_argument("--json", action="store_true", help="print JSON")
+
+    events = commands.add_parser("events", help="follow the daemon's event stream (Ctrl-C stops)")
+    events.add_argument("--session", help="only this session and its child sessions")
+    events.add_argument("--after", type=int, help="replay from the ledger after this seq first")
+    events.add_argument("--json", action="store_true", help="print one event object per line")
+
+    cancel = commands.add_parser("cancel", help="cancel a session's running turn")
+    cancel.add_argument("session", help="the session id (ses_…)")
+    cancel.add_argument("--json", action="store_true", help="print JSON")
+
+    approve = commands.add_parser("approve", help="allow a pending permission ask")
+    approve.add_argument("permission", help="the permission request id (per_…)")
+    approve.add_argument(
+        "--always", action="store_true", help="also allow it from now on in this project"
+    )
+    approve.add_argument("--json", action="store_true", help="print JSON")
+
+    deny = commands.add_parser("deny", help="reject a pending permission ask")
+    deny.add_argument("permission", help="the permission request id (per_…)")
+    deny.add_argument("--message", help="feedback the model sees (the turn then continues)")
+    deny.add_argument("--json", action="store_true", help="print JSON")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     parser = _parser()
     args = parser.parse_args(argv)
+    commands = {
+        "run": _run,
+        "serve": _serve,
+        "sessions": _sessions,
+        "show": _show,
+        "events": _events,
+        "cancel": _cancel,
+        "approve": _approve,
+        "deny": _deny,
+    }
     try:
-        if args.command == "run":
-            code = _run(args)
-        elif args.command == "sessions":
-            code = _sessions(args)
-        elif args.command == "show":
-            code = _show(args)
-        else:
+        command = commands.get(args.command)
+        if command is None:
             parser.print_help(sys.stderr)
             code = EXIT_USAGE
+        else:
+            code = command(args)
     except BaseException as error:
         code = _exit_code_for(error)
     sys.exit(code)
@@ -117,6 +155,14 @@ def _exit_code_for(error: BaseException) -> int:
     if isinstance(first, UsageError):
         print(f"harness: {first}", file=sys.stderr)
         return EXIT_USAGE
+    from harness.client import ApiError, DaemonUnavailable
+
+    if isinstance(first, ApiError):
+        print(f"harness: {first.message}", file=sys.stderr)
+        return EXIT_USAGE if first.status in (400, 404, 422) else EXIT_ERROR
+    if isinstance(first, DaemonUnavailable):
+        print(f"harness: {first}", file=sys.stderr)
+        return EXIT_ERROR
     if isinstance(first, KeyboardInterrupt):
         return EXIT_CANCELLED
     if isinstance(first, BrokenPipeError):
@@ -171,12 +217,16 @@ def _run(args: argparse.Namespace) -> int:
     directory = Path(args.dir).expanduser()
     if not directory.is_dir():
         raise UsageError(f"--dir {args.dir}: no such directory")
+    interactive = sys.stdin.isatty() and args.prompt != ["-"]
+    if not args.embedded and _daemon_can_take(args):
+        client = _client()
+        if client is not None and client.alive():
+            return _run_via_daemon(client, args, text, rules, directory, interactive)
 
     import trio
 
     from harness.config import Config
 
-    interactive = sys.stdin.isatty() and args.prompt != ["-"]
     config = Config.from_env(
         model=args.model,
         base_url=args.base_url,
@@ -187,6 +237,16 @@ def _run(args: argparse.Namespace) -> int:
     )
     config.log_file = config.home / "logs" / f"run-{time.strftime('%Y%m%d')}.jsonl"
     return trio.run(_run_async, config, args, text, directory)
+
+
+def _daemon_can_take(args: argparse.Namespace) -> bool:
+    """Whether the daemon can honour every flag; if not, ``run`` stays embedded.
+
+    ``--base-url`` and ``--max-steps`` configure a whole harness, not one session, and
+    rules given with ``--session`` would have to change an existing session.
+    """
+    rules_given = bool(args.yes or args.allow or args.deny)
+    return not args.base_url and args.max_steps is None and not (args.session and rules_given)
 
 
 async def _run_async(config: Any, args: argparse.Namespace, text: str, directory: Path) -> int:
@@ -228,51 +288,28 @@ async def _cancel_on_interrupt(h: Harness, session_id: str, nursery: Any) -> Non
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for _ in signals:
-            print("\ncancelling… (Ctrl-C again to quit now)", file=sys.stderr)
+            print(_CANCELLING, file=sys.stderr)
             await h.cancel(session_id)
             break
         async for _ in signals:
             os._exit(EXIT_CANCELLED)
 
 
-class _Progress:
-    """Shows a run as it happens: steps on stderr, the answer (or JSON events) on stdout."""
+_CANCELLING = "\ncancelling… (Ctrl-C again to quit now)"
 
-    def __init__(self, h: Harness, session_id: str, *, json_mode: bool, interactive: bool):
-        self._h = h
-        self._session_id = session_id
-        self._json = json_mode
-        self._interactive = interactive
+
+class _Display:
+    """How a run looks, embedded or through the daemon: steps on stderr, answer on stdout."""
+
+    def __init__(self, session_id: str, *, json_mode: bool) -> None:
+        self.session_id = session_id
+        self.json = json_mode
         self._err: TextIO = sys.stderr
 
-    async def follow(self, events: Any, message_id: str, nursery: Any) -> int:
-        async for event in events:
-            if self._json:
-                print(event.to_json(), flush=True)
-            else:
-                self._show(event)
-            if event.type == "permission.asked" and self._interactive:
-                nursery.start_soon(self._ask, event)
-            if event.type == "turn.finished" and event.data.get("message_id") == message_id:
-                return self._finish(event)
-        print("harness: the event stream ended before the answer", file=sys.stderr)
-        return EXIT_ERROR
-
-    def _finish(self, event: Event) -> int:
-        reason = event.data["reason"]
-        answer = event.data.get("answer") or ""
-        error = event.data.get("error")
-        if not self._json:
-            if answer:
-                print(answer, flush=True)
-            if reason == "error":
-                print(f"harness: error: {error}", file=self._err)
-            elif reason != "answered":
-                detail = f": {error}" if error else ""
-                print(f"harness: stopped ({reason}){detail}", file=self._err)
-        return EXIT_BY_REASON.get(reason, EXIT_ERROR)
-
-    def _show(self, event: Event) -> None:
+    def show(self, event: Event | WireEvent) -> None:
+        if self.json:
+            print(event.to_json(), flush=True)
+            return
         data = event.data
         if event.type == "part.updated" and data.get("type") == "tool":
             state = data["state"]
@@ -293,27 +330,67 @@ class _Progress:
                 flush=True,
             )
 
-    async def _ask(self, event: Event) -> None:
-        import trio
+    def finish(self, event: Event | WireEvent) -> int:
+        reason = event.data["reason"]
+        answer = event.data.get("answer") or ""
+        error = event.data.get("error")
+        if not self.json:
+            if answer:
+                print(answer, flush=True)
+            if reason == "error":
+                print(f"harness: error: {error}", file=self._err)
+            elif reason != "answered":
+                detail = f": {error}" if error else ""
+                print(f"harness: stopped ({reason}){detail}", file=self._err)
+        return EXIT_BY_REASON.get(reason, EXIT_ERROR)
 
+    def question(self, event: Event | WireEvent) -> str:
         data = event.data
-        child = event.session_id != self._session_id
-        question = (
+        child = event.session_id != self.session_id
+        return (
             f"\n? {data['permission']} wants '{data['pattern']}'"
             f"{' (session ' + event.session_id + ')' if child else ''}"
             f"\n  [o]nce  [a]lways ({data['always']})  [r]eject  — or type feedback to reject: "
         )
-        print(question, end="", file=self._err, flush=True)
+
+
+def _parse_answer(line: str) -> tuple[str, str | None]:
+    """A typed answer to a permission ask: the reply, and feedback when it is free text."""
+    answer = line.strip()
+    if answer.lower() in ("o", "once", "y", "yes"):
+        return "once", None
+    if answer.lower() in ("a", "always"):
+        return "always", None
+    if answer.lower() in ("", "r", "reject", "n", "no"):
+        return "reject", None
+    return "reject", answer
+
+
+class _Progress:
+    """Follows an embedded run: shows each event and asks permission at the terminal."""
+
+    def __init__(self, h: Harness, session_id: str, *, json_mode: bool, interactive: bool):
+        self._h = h
+        self._view = _Display(session_id, json_mode=json_mode)
+        self._interactive = interactive
+
+    async def follow(self, events: Any, message_id: str, nursery: Any) -> int:
+        async for event in events:
+            self._view.show(event)
+            if event.type == "permission.asked" and self._interactive:
+                nursery.start_soon(self._ask, event)
+            if event.type == "turn.finished" and event.data.get("message_id") == message_id:
+                return self._view.finish(event)
+        print("harness: the event stream ended before the answer", file=sys.stderr)
+        return EXIT_ERROR
+
+    async def _ask(self, event: Event) -> None:
+        import trio
+
+        print(self._view.question(event), end="", file=sys.stderr, flush=True)
         line = await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
-        answer = line.strip()
-        if answer.lower() in ("o", "once", "y", "yes"):
-            await self._h.reply_permission(data["id"], "once")
-        elif answer.lower() in ("a", "always"):
-            await self._h.reply_permission(data["id"], "always")
-        elif answer.lower() in ("", "r", "reject", "n", "no"):
-            await self._h.reply_permission(data["id"], "reject")
-        else:
-            await self._h.reply_permission(data["id"], "reject", answer)
+        reply, message = _parse_answer(line)
+        await self._h.reply_permission(event.data["id"], reply, message)  # type: ignore[arg-type]
 
 
 def _summary(state: dict[str, Any]) -> str:
@@ -327,7 +404,196 @@ def _summary(state: dict[str, Any]) -> str:
     return f"{count} lines"
 
 
-# --- sessions and show (read the ledger directly) ---------------------------------------
+# --- run through the daemon -------------------------------------------------------------
+
+
+def _client() -> Client | None:
+    """A client for the daemon's socket, or None when no usable socket path exists."""
+    from harness.client import Client
+    from harness.config import Config, SocketPathError
+
+    try:
+        return Client(Config.from_env().socket_path)
+    except SocketPathError:
+        return None
+
+
+def _model_for_daemon(args: argparse.Namespace) -> str | None:
+    """The model this process would use; a scripted file resolved against our directory."""
+    model: str | None = args.model or os.environ.get("HARNESS_MODEL") or None
+    if model is not None and model.startswith("scripted:"):
+        model = "scripted:" + str(Path(model.removeprefix("scripted:")).expanduser().resolve())
+    return model
+
+
+def _run_via_daemon(
+    client: Client,
+    args: argparse.Namespace,
+    text: str,
+    rules: list[Rule],
+    directory: Path,
+    interactive: bool,
+) -> int:
+    from harness.client import ApiError
+    from harness.messages import ids
+
+    try:
+        if args.session:
+            session_id = client.session(args.session)["id"]
+        else:
+            session_id = client.create_session(
+                directory=str(directory.resolve()),
+                model=_model_for_daemon(args),
+                agent=args.agent,
+                permission=[rule.model_dump() for rule in rules],
+            )["id"]
+    except ApiError as error:
+        if error.status in (404, 422):
+            raise UsageError(error.message) from error
+        raise
+    # Follow from the ledger's current end, subscribed before the prompt goes in: every
+    # event of this turn reaches us, deltas included, and a reconnect replays the rest.
+    stream = client.events(session_id, after=client.health()["last_seq"])
+    stream.open()
+    message_id = client.prompt(session_id, text, message_id=ids.message_id())
+    turn = _DaemonTurn(client, _Display(session_id, json_mode=args.json), interactive)
+    try:
+        return turn.follow(stream, message_id)
+    finally:
+        stream.close()
+
+
+class _DaemonTurn:
+    """Follows one turn through the daemon, with embedded ``run``'s output and exit codes."""
+
+    def __init__(self, client: Client, view: _Display, interactive: bool) -> None:
+        self._client = client
+        self._view = view
+        self._interactive = interactive
+        self._asked: set[str] = set()
+        self._rejected_calls: set[str] = set()
+
+    def follow(self, stream: Any, message_id: str) -> int:
+        import signal
+
+        signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM cancels like Ctrl-C, as embedded
+        cancelled = False
+        while True:
+            try:
+                for event in stream:
+                    if not self._already_shown(event):
+                        self._view.show(event)
+                    if event.type == "permission.asked":
+                        self._answer(event)
+                    if event.type == "turn.finished" and event.data.get("message_id") == message_id:
+                        return self._view.finish(event)
+            except KeyboardInterrupt:
+                if cancelled:
+                    return EXIT_CANCELLED
+                cancelled = True
+                print(_CANCELLING, file=sys.stderr)
+                self._client.cancel(self._view.session_id)
+                stream.close()  # the read was cut mid-frame: resume from the last id
+
+    def _already_shown(self, event: WireEvent) -> bool:
+        """The error line of a call we rejected for lack of a terminal was printed already."""
+        data = event.data
+        return (
+            not self._view.json
+            and event.type == "part.updated"
+            and data.get("call_id") in self._rejected_calls
+            and data.get("state", {}).get("status") == "error"
+        )
+
+    def _answer(self, event: WireEvent) -> None:
+        from harness.client import ApiError
+
+        data = event.data
+        if data["id"] in self._asked:
+            return  # replayed after a reconnect: answered already
+        self._asked.add(data["id"])
+        message: str | None = None
+        if self._interactive:
+            print(self._view.question(event), end="", file=sys.stderr, flush=True)
+            reply, message = _parse_answer(sys.stdin.readline())
+        else:
+            # Nobody to ask: reject at once, with the same words an embedded run prints.
+            from harness.actors.permission import no_terminal_hint
+
+            reply = "reject"
+            self._rejected_calls.add(data["call_id"])
+            if not self._view.json:
+                hint = no_terminal_hint(data["permission"], data["always"])
+                print(f"✗ {data['tool']}: the call was rejected: {hint}", file=sys.stderr)
+        try:
+            self._client.reply_permission(data["id"], reply, message)
+        except ApiError as error:
+            if error.status != 404:  # 404: someone else answered it first
+                raise
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+# --- serve ------------------------------------------------------------------------------
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import signal
+
+    import structlog
+    import trio
+
+    from harness.config import Config, SocketPathError, usable_socket_path
+    from harness.logs import configure_logging
+    from harness.server import DaemonRunning, serve
+
+    config = Config.from_env()
+    log_file = Path(args.log_file).expanduser() if args.log_file else None
+    configure_logging(level=config.log_level, format=config.log_format, file=log_file)
+    log = structlog.get_logger("harness.serve")
+    try:
+        path = usable_socket_path(Path(args.socket)) if args.socket else config.socket_path
+    except SocketPathError as error:
+        log.error("cannot start", error=str(error))
+        return EXIT_ERROR
+
+    async def main() -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(serve, config, path)
+                async for number in signals:
+                    # Turns in flight stop here and stay in the ledger, to be resumed.
+                    log.info("shutting down", signal=signal.Signals(number).name)
+                    nursery.cancel_scope.cancel()
+                    break
+
+    try:
+        trio.run(main)
+    except BaseException as error:
+        refused = [leaf for leaf in _leaves(error) if isinstance(leaf, DaemonRunning | OSError)]
+        if not refused:
+            raise
+        log.error("cannot start", error=str(refused[0]))
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+# --- commands that read sessions: the daemon when it answers, else the ledger -----------
+
+
+def _from_daemon(call: Any) -> Any:
+    """``call(client)`` against the daemon, or None when no daemon answers."""
+    from harness.client import DaemonUnavailable
+
+    client = _client()
+    if client is None:
+        return None
+    try:
+        return call(client)
+    except DaemonUnavailable:
+        return None
 
 
 def _open_ledger() -> Any:
@@ -344,54 +610,124 @@ def _open_ledger() -> Any:
 
 
 def _sessions(args: argparse.Namespace) -> int:
-    ledger = _open_ledger()
-    sessions = ledger.sessions()
+    sessions: list[dict[str, Any]] | None = _from_daemon(lambda client: client.sessions())
+    if sessions is None:
+        sessions = [s.model_dump(mode="json") for s in _open_ledger().sessions()]
     if args.json:
-        print(json.dumps([s.model_dump(mode="json") for s in sessions], indent=2))
+        print(json.dumps(sessions, indent=2))
         return EXIT_OK
     print(f"{'ID':36} {'STATUS':6} {'MODEL':32} {'TOKENS':>8} {'COST':>8}  UPDATED  TITLE")
     for s in sessions:
-        updated = time.strftime("%m-%d %H:%M", time.localtime(s.updated))
+        updated = time.strftime("%m-%d %H:%M", time.localtime(s["updated"]))
+        tokens = sum(s.get("tokens", {}).values())
         print(
-            f"{s.id:36} {s.status:6} {s.model[-32:]:32} {s.tokens.total:>8} "
-            f"{s.cost:>8.4f}  {updated}  {s.title}"
+            f"{s['id']:36} {s['status']:6} {s['model'][-32:]:32} {tokens:>8} "
+            f"{s.get('cost', 0.0):>8.4f}  {updated}  {s.get('title', '')}"
         )
     return EXIT_OK
+
+
+def _transcript_from_daemon(client: Client, session_id: str) -> Any:
+    from harness.client import ApiError
+
+    try:
+        return client.session(session_id), client.messages(session_id)
+    except ApiError as error:
+        if error.status == 404:
+            raise UsageError(error.message) from error
+        raise
 
 
 def _show(args: argparse.Namespace) -> int:
-    ledger = _open_ledger()
-    session = ledger.session(args.session)
-    if session is None:
-        raise UsageError(f"no session {args.session}")
-    transcript: list[MessageWithParts] = ledger.messages(session.id)
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "session": session.model_dump(mode="json"),
-                    "messages": [m.model_dump(mode="json") for m in transcript],
-                },
-                indent=2,
-            )
+    found = _from_daemon(lambda client: _transcript_from_daemon(client, args.session))
+    if found is None:
+        ledger = _open_ledger()
+        stored = ledger.session(args.session)
+        if stored is None:
+            raise UsageError(f"no session {args.session}")
+        found = (
+            stored.model_dump(mode="json"),
+            [m.model_dump(mode="json") for m in ledger.messages(stored.id)],
         )
+    session, transcript = found
+    if args.json:
+        print(json.dumps({"session": session, "messages": transcript}, indent=2))
         return EXIT_OK
-    print(f"{session.id}  {session.status}  {session.model}  {session.directory}")
+    print(f"{session['id']}  {session['status']}  {session['model']}  {session['directory']}")
     for entry in transcript:
-        info = entry.info
-        label = info.role if info.role == "user" else f"assistant (step {info.step})"
-        print(f"\n── {label}  {info.id}")
-        for part in entry.parts:
-            if part.type == "text":
-                print(part.text)
-            elif part.type == "tool":
-                state = part.state
-                detail = getattr(state, "output", None) or getattr(state, "error", "")
-                print(f"[{part.tool} {state.status}] {json.dumps(state.input)}")
-                if detail:
-                    print("  " + "\n  ".join(str(detail).splitlines()[:20]))
-            elif part.type == "step-finish":
-                print(f"[finish: {part.reason}; {part.tokens.total} tokens; ${part.cost:.4f}]")
-        if info.role == "assistant" and info.error:
-            print(f"[error: {info.error}]")
+        info = entry["info"]
+        label = info["role"] if info["role"] == "user" else f"assistant (step {info.get('step')})"
+        print(f"\n── {label}  {info['id']}")
+        for part in entry["parts"]:
+            _print_part(part)
+        if info["role"] == "assistant" and info.get("error"):
+            print(f"[error: {info['error']}]")
     return EXIT_OK
+
+
+def _print_part(part: dict[str, Any]) -> None:
+    if part["type"] == "text":
+        print(part["text"])
+    elif part["type"] == "tool":
+        state = part["state"]
+        detail = state.get("output") or state.get("error") or ""
+        print(f"[{part['tool']} {state['status']}] {json.dumps(state.get('input', {}))}")
+        if detail:
+            print("  " + "\n  ".join(str(detail).splitlines()[:20]))
+    elif part["type"] == "step-finish":
+        tokens = sum(part.get("tokens", {}).values())
+        print(f"[finish: {part['reason']}; {tokens} tokens; ${part.get('cost', 0.0):.4f}]")
+
+
+# --- commands that need the daemon ------------------------------------------------------
+
+
+def _require_daemon() -> Client:
+    from harness.client import DaemonUnavailable
+
+    client = _client()
+    if client is None or not client.alive():
+        where = client.socket_path if client is not None else "$HARNESS_SOCKET"
+        raise DaemonUnavailable(f"no daemon answers on {where} (start one with `harness serve`)")
+    return client
+
+
+def _events(args: argparse.Namespace) -> int:
+    stream = _require_daemon().events(args.session, args.after)
+    try:
+        for event in stream:
+            print(event.to_json() if args.json else _event_line(event), flush=True)
+    except KeyboardInterrupt:
+        return EXIT_CANCELLED
+    finally:
+        stream.close()
+    return EXIT_OK
+
+
+def _event_line(event: WireEvent) -> str:
+    when = time.strftime("%H:%M:%S", time.localtime(event.ts))
+    seq = str(event.seq) if event.seq is not None else "-"
+    data = json.dumps(event.data, ensure_ascii=False)
+    return f"{seq:>7} {when} {event.session_id} {event.type:18} {data[:120]}"
+
+
+def _print_result(args: argparse.Namespace, body: dict[str, Any], text: str) -> int:
+    print(json.dumps(body) if args.json else text)
+    return EXIT_OK
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    cancelled = _require_daemon().cancel(args.session)
+    text = "cancelled the running turn" if cancelled else "nothing was running"
+    return _print_result(args, {"session_id": args.session, "cancelled": cancelled}, text)
+
+
+def _approve(args: argparse.Namespace) -> int:
+    reply = "always" if args.always else "once"
+    _require_daemon().reply_permission(args.permission, reply)
+    return _print_result(args, {"id": args.permission, "reply": reply}, f"approved ({reply})")
+
+
+def _deny(args: argparse.Namespace) -> int:
+    _require_daemon().reply_permission(args.permission, "reject", args.message)
+    return _print_result(args, {"id": args.permission, "reply": "reject"}, "denied")
