@@ -253,3 +253,37 @@ async def test_the_log_alone_rebuilds_the_session_tree(tmp_path: Path, project: 
     step = parent_of[call]
     assert step.startswith("msg_") and parent_of[step] == session.id
     assert parent_of[session.id] is None
+
+
+async def test_trace_shows_children_under_the_task_call_that_ran_them(
+    tmp_path: Path, project: Path
+) -> None:
+    from harness.trace import build_trace, render_trace
+
+    turns = [
+        {"tool_calls": [task("callers", "find the callers", "callTr1")]},
+        {"text": "all done"},
+    ]
+    subtasks = {
+        "find the callers": [
+            {"tool_calls": [{"name": "grep", "arguments": {"pattern": "marker"}}]},
+            {"text": "notes.txt"},
+        ]
+    }
+    async with tree(tmp_path, turns, subtasks) as (h, _):
+        session = await h.create_session(project, title="refactor")
+        await h.run(session.id, "go")
+        data = build_trace(h.ledger, session.id)
+        drawing = render_trace(data)
+        [child] = h.ledger.children(session.id)
+    assert data["reason"] == "answered" and [s["step"] for s in data["steps"]] == [1, 2]
+    [call] = data["steps"][0]["tools"]
+    assert call["call_id"] == "callTr1" and call["status"] == "completed"
+    assert call["permissions"] == [
+        {"permission": "task", "allowed": True, "source": "rule", "reply": None}
+    ]
+    [sub] = call["children"]
+    assert sub["session_id"] == child.id and sub["parent_id"] == session.id
+    assert [t["tool"] for t in sub["steps"][0]["tools"]] == ["grep"]
+    assert sub["reason"] == "answered"
+    assert f"{child.id} (child)" in drawing and "task callers" in drawing

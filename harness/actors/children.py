@@ -46,13 +46,11 @@ class ChildSessions:
         self,
         services: SessionServices,
         parent: Session,
-        message_id: str,
         lineage: Lineage,
         limiter: trio.Semaphore,
     ) -> None:
         self._services = services
         self._parent = parent
-        self._message_id = message_id
         self._lineage = lineage
         self._limiter = limiter
 
@@ -60,6 +58,7 @@ class ChildSessions:
         self,
         *,
         call_id: str,
+        message_id: str,
         description: str,
         prompt: str,
         agent: str | None,
@@ -94,10 +93,18 @@ class ChildSessions:
                 updated=now,
             )
         async with self._limiter:
-            return await self._run(child, call_id, description, prompt, session_id is None)
+            return await self._run(
+                child, call_id, message_id, description, prompt, session_id is None
+            )
 
     async def _run(
-        self, child: Session, call_id: str, description: str, prompt: str, new: bool
+        self,
+        child: Session,
+        call_id: str,
+        message_id: str,
+        description: str,
+        prompt: str,
+        new: bool,
     ) -> SubtaskResult:
         from harness.actors.session import SessionActor
 
@@ -106,7 +113,8 @@ class ChildSessions:
         marker = SubtaskPart(
             id=ids.part_id(),
             session_id=self._parent.id,
-            message_id=self._message_id,
+            message_id=message_id,
+            call_id=call_id,
             child_session_id=child.id,
             description=description,
         )

@@ -461,9 +461,7 @@ class SessionActor:
             ledger=self._ledger,
             permission=services.permission,
             output_dir=config.tool_output_dir,
-            subtasks=ChildSessions(
-                services, session, user_message_id, self._lineage, self._children
-            ),
+            subtasks=ChildSessions(services, session, self._lineage, self._children),
         )
         runner = Runner(
             session=session,

@@ -196,6 +196,7 @@ class CompactionPart(_PartBase):
 
 class SubtaskPart(_PartBase):
     type: Literal["subtask"] = "subtask"
+    call_id: str | None = None  # the task call that runs the child
     child_session_id: str
     description: str
 

@@ -61,6 +61,7 @@ class Subtasks(Protocol):
         self,
         *,
         call_id: str,
+        message_id: str,
         description: str,
         prompt: str,
         agent: str | None,

@@ -36,6 +36,7 @@ class TaskTool(Tool[TaskParams]):
             raise ToolFailure("subtasks are not available here")
         result = await ctx.subtasks.run(
             call_id=ctx.call_id,
+            message_id=ctx.message_id,
             description=args.description,
             prompt=args.prompt,
             agent=args.agent,
