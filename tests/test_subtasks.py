@@ -280,7 +280,7 @@ async def test_trace_shows_children_under_the_task_call_that_ran_them(
     [call] = data["steps"][0]["tools"]
     assert call["call_id"] == "callTr1" and call["status"] == "completed"
     assert call["permissions"] == [
-        {"permission": "task", "allowed": True, "source": "rule", "reply": None}
+        {"permission": "task", "allowed": True, "source": "rule", "reply": None},
     ]
     [sub] = call["children"]
     assert sub["session_id"] == child.id and sub["parent_id"] == session.id

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from harness.tools.base import Tool, ToolContext, ToolFailure, ToolOutput, ToolParams
+from harness.tools.base import (
+    PermissionNeed,
+    Tool,
+    ToolContext,
+    ToolFailure,
+    ToolOutput,
+    ToolParams,
+)
 
 
 class TaskParams(ToolParams):
@@ -27,6 +34,11 @@ class TaskTool(Tool[TaskParams]):
         "subtask's session id; pass it as session_id to continue that subtask later."
     )
     params = TaskParams
+
+    def permissions(self, args: TaskParams, ctx: ToolContext) -> list[PermissionNeed]:
+        # Checked per agent, so a ruleset can allow some sub-agents and not others.
+        agent = args.agent or "general"
+        return [PermissionNeed("task", agent, agent, {"description": args.description})]
 
     def title(self, args: TaskParams) -> str:
         return f"task {args.description}"
