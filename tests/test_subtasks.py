@@ -207,7 +207,7 @@ async def test_depth_beyond_the_limit_is_an_error_the_model_sees(
         ],
         "deepest": [{"text": "unreachable"}],
     }
-    async with tree(tmp_path, turns, subtasks, max_task_depth=1) as (h, provider):
+    async with tree(tmp_path, turns, subtasks, max_task_depth=1) as (h, _):
         session = await h.create_session(project)
         result = await h.run(session.id, "go")
         assert result.answer == "done"
