@@ -41,6 +41,7 @@ log = structlog.get_logger("harness.server")
 
 MAX_BODY = 10 * 1024 * 1024
 HEARTBEAT = 15.0  # seconds between SSE comments; clients give up after three missed
+SUBSCRIBER_BUFFER = 4096  # events a stream may fall behind before it is cut off
 _READ_SIZE = 65536
 _SSE_HEADERS = [
     ("content-type", "text/event-stream"),
@@ -279,7 +280,7 @@ class Connection:
             request.body = b"".join(chunks)
             return request
         except h11.RemoteProtocolError as error:
-            if self.conn.their_state is h11.ERROR and self.conn.our_state is h11.SEND_RESPONSE:
+            if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
                 raise ApiError(400, "bad_request", f"malformed HTTP request: {error}") from None
             raise _ClientGone from error
 
@@ -310,8 +311,10 @@ class Connection:
                     _log_request(request, response.status, started)
             except ApiError as error:
                 await self._refuse(request, error, started)
-                if self.conn.our_state is not h11.DONE or error.status == 413:
-                    return  # the rest of the request was not read: the connection is spent
+                if error.status == 413:
+                    await self._discard_rest()
+                if self.conn.our_state is not h11.DONE or error.status in (400, 413):
+                    return  # the request was not read to its end: the connection is spent
             if self.conn.our_state is h11.MUST_CLOSE or self.conn.their_state is not h11.DONE:
                 return
             self.conn.start_next_cycle()
@@ -327,10 +330,25 @@ class Connection:
             error=error.message,
             ms=round((time.perf_counter() - started) * 1000, 2) if started else None,
         )
-        if self.conn.our_state is not h11.SEND_RESPONSE:
+        if self.conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             raise _ClientGone  # a response already started: nothing better to do than close
         body = {"error": {"code": error.code, "message": error.message}}
-        await self.send_json(error.status, body, close=error.status == 413)
+        spent = error.status == 413 or self.conn.their_state is h11.ERROR
+        await self.send_json(error.status, body, close=spent)
+
+    async def _discard_rest(self) -> None:
+        """Read what a refused client is still sending, briefly, so that it gets to read
+        the 413 instead of a broken pipe; then the connection closes."""
+        with trio.move_on_after(1.0):
+            received = 0
+            while received < 4 * MAX_BODY:
+                try:
+                    data = await self.stream.receive_some(_READ_SIZE)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return
+                if not data:
+                    return
+                received += len(data)
 
     # --- server-sent events ----------------------------------------------------------------
 
@@ -340,7 +358,7 @@ class Connection:
             _session_or_404(self.h, session_id)
         after = _after(request)
         log.info("event stream opened", session_id=session_id, after=after)
-        async with self.h.follow(session_id, after) as events:
+        async with self.h.follow(session_id, after, buffer=SUBSCRIBER_BUFFER) as events:
             # Subscribed before the headers go out: a client may prompt once it has them.
             await self._send(h11.Response(status_code=200, headers=_SSE_HEADERS))
             async with trio.open_nursery() as nursery:
