@@ -485,3 +485,28 @@ def test_socket_path_falls_back_to_the_runtime_dir(
     monkeypatch.delenv("XDG_RUNTIME_DIR")
     with pytest.raises(SocketPathError, match="HARNESS_SOCKET"):
         usable_socket_path(long)
+
+
+@pytest.mark.parametrize(
+    ("heartbeat", "silence", "reconnects"), [(5.0, 0.2, True), (0.05, 0.5, False)]
+)
+async def test_silence_means_reconnect_and_heartbeats_mean_life(
+    daemon: Daemon,
+    monkeypatch: pytest.MonkeyPatch,
+    heartbeat: float,
+    silence: float,
+    reconnects: bool,
+) -> None:
+    monkeypatch.setattr(server, "HEARTBEAT", heartbeat)
+    session_id = await daemon.session([{"text": "hello"}])
+    after = daemon.h.ledger.last_seq()
+    stream = EventStream(daemon.path, session_id=session_id, after=after, silence=silence)
+    await trio.to_thread.run_sync(stream.open)
+    got: list[Any] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(partial(trio.to_thread.run_sync, lambda: got.append(next(iter(stream)))))
+        await trio.sleep(1.0)  # nothing happens in the session for a while
+        await daemon.call("prompt", session_id, "hi")
+    stream.close()
+    assert (got[0].seq, got[0].type) == (after + 1, "inbox.added"), "nothing lost or repeated"
+    assert (stream.reconnects > 0) is reconnects
