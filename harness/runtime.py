@@ -380,16 +380,24 @@ async def open_harness(config: Config | None = None) -> AsyncIterator[Harness]:
     )
     supervisor = Supervisor(services)
 
+    # The writer and the feed are shielded: when a caller's scope cancels the whole block
+    # (a daemon's SIGTERM), the sessions' shielded cleanup writes must still find them.
+    # Both end by themselves once ``close_writer`` has run, which the ``finally`` ensures.
     async def write_then_close_feed() -> None:
         try:
-            await ledger.run_writer(feed.mailbox)
+            with trio.CancelScope(shield=True):
+                await ledger.run_writer(feed.mailbox)
         finally:
             feed.mailbox.close()
+
+    async def run_feed(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        with trio.CancelScope(shield=True):
+            await feed.run(task_status=task_status)
 
     try:
         async with trio.open_nursery() as outer:
             outer.start_soon(write_then_close_feed)
-            await outer.start(feed.run)
+            await outer.start(run_feed)
             try:
                 async with trio.open_nursery() as inner:
                     await inner.start(permission.run)
