@@ -92,6 +92,10 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("session", help="the session id (ses_…)")
     show.add_argument("--json", action="store_true", help="print JSON")
 
+    trace = commands.add_parser("trace", help="draw a session's tree: steps, tools, children")
+    trace.add_argument("session", help="the session id (ses_…)")
+    trace.add_argument("--json", action="store_true", help="print JSON")
+
     events = commands.add_parser("events", help="follow the daemon's event stream (Ctrl-C stops)")
     events.add_argument("--session", help="only this session and its child sessions")
     events.add_argument("--after", type=int, help="replay from the ledger after this seq first")
@@ -123,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         "serve": _serve,
         "sessions": _sessions,
         "show": _show,
+        "trace": _trace,
         "events": _events,
         "cancel": _cancel,
         "approve": _approve,
@@ -636,6 +641,18 @@ def _transcript_from_daemon(client: Client, session_id: str) -> Any:
         if error.status == 404:
             raise UsageError(error.message) from error
         raise
+
+
+def _trace(args: argparse.Namespace) -> int:
+    """The session tree, read from the ledger (readers never wait for the daemon's writes)."""
+    from harness.trace import build_trace, render_trace
+
+    try:
+        data = build_trace(_open_ledger(), args.session)
+    except LookupError as error:
+        raise UsageError(str(error).strip("'\"")) from error
+    print(json.dumps(data, indent=2) if args.json else render_trace(data))
+    return EXIT_OK
 
 
 def _show(args: argparse.Namespace) -> int:

@@ -198,3 +198,27 @@ def test_ctrl_c_cancels_cleanly_and_leaves_no_process(tmp_path: Path, project: P
     transcript = json.loads(harness(tmp_path, "show", "--json", session["id"]).stdout)
     tool = next(p for m in transcript["messages"] for p in m["parts"] if p["type"] == "tool")
     assert tool["state"] == {**tool["state"], "status": "error", "error": "cancelled"}
+
+
+def test_trace_draws_the_tree_and_prints_json(tmp_path: Path, project: Path) -> None:
+    model = _script(
+        tmp_path,
+        [
+            {"tool_calls": [{"name": "task", "arguments": {"description": "sub", "prompt": "p"}}]},
+            {"text": "done"},
+        ],
+    )
+    script = json.loads((tmp_path / "script.json").read_text())
+    (tmp_path / "script.json").write_text(
+        json.dumps({"turns": script, "subtasks": {"p": [{"text": "sub answer"}]}})
+    )
+    assert harness(tmp_path, "run", "--model", model, "--dir", str(project), "go").returncode == 0
+    sessions = json.loads(harness(tmp_path, "sessions", "--json").stdout)
+    root = next(s for s in sessions if s["parent_id"] is None)
+    child = next(s for s in sessions if s["parent_id"] == root["id"])
+    drawn = harness(tmp_path, "trace", root["id"])
+    assert drawn.returncode == 0
+    assert f"{child['id']} (child)" in drawn.stdout and "task sub" in drawn.stdout
+    data = json.loads(harness(tmp_path, "trace", "--json", root["id"]).stdout)
+    assert data["steps"][0]["tools"][0]["children"][0]["session_id"] == child["id"]
+    assert harness(tmp_path, "trace", "ses_missing").returncode == 2
