@@ -247,8 +247,7 @@ class Ledger:
         mark = after_seq
         messages: list[Message] = []
         for seq, data in self._rows(
-            "SELECT seq, data FROM messages WHERE session_id = ? AND seq > ?"
-            " ORDER BY created_seq",
+            "SELECT seq, data FROM messages WHERE session_id = ? AND seq > ? ORDER BY created_seq",
             (session_id, after_seq),
         ):
             messages.append(_MESSAGE.validate_json(data))

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from harness.messages.provider import ToolSpec
+from harness.tools.apply_patch import ApplyPatchTool
 from harness.tools.base import Tool
 from harness.tools.bash import BashTool
 from harness.tools.edit import EditTool
@@ -14,6 +15,7 @@ from harness.tools.grep import GrepTool
 from harness.tools.list import ListTool
 from harness.tools.read import ReadTool
 from harness.tools.task import TaskTool
+from harness.tools.webfetch import WebFetchTool
 from harness.tools.write import WriteTool
 
 
@@ -27,6 +29,8 @@ def builtin_tools() -> dict[str, Tool[Any]]:
         GrepTool(),
         ListTool(),
         TaskTool(),
+        WebFetchTool(),
+        ApplyPatchTool(),
     ]
     return {tool.name: tool for tool in tools}
 
