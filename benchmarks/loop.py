@@ -1,0 +1,614 @@
+"""The loop benchmark of issue 2: CPU per step, flatness, start-up and memory.
+
+Run from the repository root::
+
+    python benchmarks/loop.py            # the full run (about a minute)
+    python benchmarks/loop.py --quick    # fewer repetitions, 100 steps instead of 200
+    python benchmarks/loop.py --check    # exit 1 when a target is missed
+    python benchmarks/loop.py --profile 200   # cProfile one 200-step run, top functions
+
+Every figure uses the scripted provider at zero latency; each step is one ``read`` of a
+small file (three files in rotation, so the doom-loop guard never fires), then a final
+text turn. What each figure measures:
+
+CPU per step
+    A fresh child Python process per run, with a fresh ``$HARNESS_HOME``. The child
+    imports harness, then measures ``getrusage(RUSAGE_SELF)`` user+sys (all threads,
+    so the ledger writer thread's commits are included) around
+    ``trio.run(open_harness → create_session → run)``. Per step =
+    (CPU(N steps) − CPU(0 steps)) / N, each CPU the median of several runs. The 0-step run
+    answers at once (one provider call), so set-up, schema creation and one-off costs
+    cancel out. In-child RUSAGE_SELF is used rather than RUSAGE_CHILDREN of a whole
+    ``harness run`` because interpreter start-up and imports (~0.3 s of CPU with
+    several ms of jitter) would otherwise sit in both terms and swamp a 40 ms difference;
+    the whole-CLI figure is still reported as a cross-check.
+
+Flat as history grows
+    The same at a long run: (CPU(long) − CPU(0)) / long against the 20-step figure,
+    plus the marginal cost of the last 20 steps: (CPU(long) − CPU(long − 20)) / 20.
+
+Start-up
+    Wall time from just before ``subprocess.Popen`` of the real CLI
+    (``harness run --model scripted:FILE --yes …``) to the timestamp of the first
+    ``step started`` log line in ``$HARNESS_HOME/logs/run-*.jsonl``. The runner logs that
+    line after it has built the first provider request and right before it sends it, so the
+    figure is launch → first provider request (the log line is the product's own, at its
+    default level; nothing is changed to observe it). ``harness --help``: wall time of the
+    whole process, median of 10.
+
+Memory
+    Peak RSS (``ru_maxrss`` from ``os.wait4`` on that very child) of a 20-step
+    ``harness run`` process.
+
+Figures are written to ``benchmarks/results/loop.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "loop.json"
+
+TARGET_CPU_MS = 2.0
+TARGET_FLAT_RATIO = 1.5
+TARGET_STARTUP_S = 0.5
+TARGET_HELP_MS = 100.0
+TARGET_RSS_MB = 60.0
+
+FILE_COUNT = 3
+TIMEOUT = 120.0  # seconds; a run that hangs is a failure, not a wait
+FILE_LINES = 20
+
+
+# --- fixtures ---------------------------------------------------------------------------
+
+
+def make_project(base: Path) -> Path:
+    project = base / "project"
+    project.mkdir()
+    for index in range(FILE_COUNT):
+        lines = [f"line {n} of file {index}: some ordinary text" for n in range(FILE_LINES)]
+        (project / f"f{index}.txt").write_text("\n".join(lines) + "\n")
+    return project
+
+
+def make_script(base: Path, steps: int) -> Path:
+    turns: list[dict[str, Any]] = [
+        {"tool_calls": [{"name": "read", "arguments": {"path": f"f{i % FILE_COUNT}.txt"}}]}
+        for i in range(steps)
+    ]
+    turns.append({"text": f"done after {steps} reads"})
+    script = base / f"script-{steps}.json"
+    script.write_text(json.dumps({"turns": turns}))
+    return script
+
+
+# --- the child: one embedded run, CPU measured inside -------------------------------------
+
+
+def child(steps: int, base: Path, profile: Path | None) -> None:
+    """Run one turn of ``steps`` reads in this process; print the figures as JSON."""
+    home = base / "home"
+    os.environ["HARNESS_HOME"] = str(home)
+    project = make_project(base)
+    script = make_script(base, steps)
+
+    import trio
+
+    from harness.config import Config
+    from harness.providers import create_provider
+    from harness.runtime import open_harness
+
+    stamps: list[float] = []
+
+    class Stamped:
+        """The scripted provider, noting the process CPU when each request is made."""
+
+        def __init__(self, inner: Any) -> None:
+            self._inner = inner
+            self.name = inner.name
+
+        def stream(self, request: Any) -> Any:
+            usage = resource.getrusage(resource.RUSAGE_SELF)
+            stamps.append(usage.ru_utime + usage.ru_stime)
+            return self._inner.stream(request)
+
+        async def aclose(self) -> None:
+            await self._inner.aclose()
+
+    config = Config(
+        home=home,
+        model=f"scripted:{script}",
+        interactive=False,
+        provider_factory=lambda model: Stamped(create_provider(model)),  # type: ignore[arg-type,return-value]
+    )
+    outcome: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with open_harness(config) as h:
+            session = await h.create_session(project)
+            result = await h.run(session.id, "read the files, then answer")
+            outcome["reason"] = result.reason
+            outcome["answer"] = result.answer
+            outcome["session"] = session.id
+
+    profiler = None
+    if profile is not None:
+        import cProfile
+
+        # Main-thread CPU only: waiting in epoll costs nothing, and the ledger writer
+        # thread (not profiled by cProfile) shows up as total CPU minus this thread's.
+        profiler = cProfile.Profile(time.thread_time)
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    main_thread = time.thread_time()
+    wall = time.perf_counter()
+    if profiler is not None:
+        profiler.enable()
+    trio.run(main)
+    if profiler is not None:
+        profiler.disable()
+    wall = time.perf_counter() - wall
+    main_thread = time.thread_time() - main_thread
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    if profiler is not None and profile is not None:
+        profiler.dump_stats(str(profile))
+
+    # Check the run did what it should, outside the measured window.
+    from harness.storage.ledger import Ledger
+
+    ledger = Ledger(config.ledger_path)
+    reads = sum(
+        1
+        for entry in ledger.messages(outcome["session"])
+        for part in entry.parts
+        if part.type == "tool" and part.state.status == "completed"
+    )
+    ledger.close()
+    print(
+        json.dumps(
+            {
+                "steps": steps,
+                "cpu": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+                "user": after.ru_utime - before.ru_utime,
+                "sys": after.ru_stime - before.ru_stime,
+                "wall": wall,
+                "main_thread_cpu": main_thread,
+                "reason": outcome["reason"],
+                "completed_reads": reads,
+                "maxrss_kb": after.ru_maxrss,
+                "request_cpu": stamps,
+                "harness_source": str(Path(sys.modules["harness"].__file__ or "").parent),
+            }
+        )
+    )
+
+
+def run_child(steps: int, profile: Path | None = None) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="harness-bench-") as tmp:
+        command = [sys.executable, __file__, "--child", str(steps), tmp]
+        if profile is not None:
+            command += ["--child-profile", str(profile)]
+        try:
+            done = subprocess.run(
+                command,
+                capture_output=True,
+                text=True,
+                cwd=ROOT,
+                env=_env(Path(tmp) / "home"),
+                timeout=TIMEOUT,
+            )
+        except subprocess.TimeoutExpired as error:
+            logs = "\n".join(p.read_text()[-3000:] for p in Path(tmp).glob("home/logs/*"))
+            raise SystemExit(
+                f"child run of {steps} steps hung ({TIMEOUT} s); logs:\n{logs}"
+            ) from error
+    if done.returncode != 0:
+        raise SystemExit(f"child run of {steps} steps failed:\n{done.stderr}")
+    figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    if figures["reason"] != "answered" or figures["completed_reads"] != steps:
+        raise SystemExit(f"child run of {steps} steps did not run as scripted: {figures}")
+    return figures
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["HARNESS_HOME"] = str(home)
+    env.pop("HARNESS_MODEL", None)
+    env.pop("HARNESS_LOG_LEVEL", None)
+    env.pop("HARNESS_LOG_FORMAT", None)
+    return env
+
+
+# --- the real CLI -----------------------------------------------------------------------
+
+
+def harness_command() -> list[str]:
+    script = Path(sys.executable).parent / "harness"
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", "harness"]
+
+
+def cli_run(steps: int) -> dict[str, Any]:
+    """One ``harness run`` process: launch → first request, its CPU and peak RSS."""
+    with tempfile.TemporaryDirectory(prefix="harness-bench-") as tmp:
+        base = Path(tmp)
+        project = make_project(base)
+        script = make_script(base, steps)
+        home = base / "home"
+        env = _env(home)
+        env["HARNESS_LOG_LEVEL"] = "info"
+        command = [
+            *harness_command(),
+            "run",
+            "--model",
+            f"scripted:{script}",
+            "--dir",
+            str(project),
+            "--yes",
+            "read the files, then answer",
+        ]
+        with open(base / "out", "wb") as out, open(base / "err", "wb") as err:
+            launched = time.time()
+            started = time.perf_counter()
+            process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=base, env=env
+            )
+            watchdog = threading.Timer(TIMEOUT, process.kill)
+            watchdog.start()
+            _, status, usage = os.wait4(process.pid, 0)
+            watchdog.cancel()
+            wall = time.perf_counter() - started
+            process.returncode = os.waitstatus_to_exitcode(status)
+        if process.returncode != 0:
+            raise SystemExit(
+                f"harness run exited {process.returncode}:\n{(base / 'err').read_text()}"
+            )
+        first = None
+        for log in sorted((home / "logs").glob("run-*.jsonl")):
+            for line in log.read_text().splitlines():
+                record = json.loads(line)
+                if record.get("event") == "step started":
+                    stamp = datetime.fromisoformat(record["timestamp"].replace("Z", "+00:00"))
+                    first = stamp.timestamp() if first is None else min(first, stamp.timestamp())
+        if first is None:
+            raise SystemExit("no 'step started' line in the run log")
+        answer = (base / "out").read_text().strip()
+        if answer != f"done after {steps} reads":
+            raise SystemExit(f"unexpected answer from harness run: {answer!r}")
+    return {
+        "to_first_request": first - launched,
+        "wall": wall,
+        "cpu": usage.ru_utime + usage.ru_stime,
+        "maxrss_mb": usage.ru_maxrss / 1024,
+    }
+
+
+def help_wall() -> float:
+    started = time.perf_counter()
+    subprocess.run([*harness_command(), "--help"], check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
+    return time.perf_counter() - started
+
+
+# --- the report -------------------------------------------------------------------------
+
+
+def median_cpu(steps: int, runs: int) -> tuple[float, list[dict[str, Any]], float]:
+    samples = [run_child(steps) for _ in range(runs)]
+    cpus = [s["cpu"] for s in samples]
+    return statistics.median(cpus), samples, statistics.median(s["wall"] for s in samples)
+
+
+def segment(samples: list[dict[str, Any]], first: int, last: int) -> float:
+    """Median CPU per step of steps first..last inside each run, from the request stamps.
+
+    Stamp k (0-based) is taken when request k+1 is made, so stamp[last] − stamp[first − 1]
+    covers steps first..last: each one's tool call, ledger writes and next request.
+    """
+    return statistics.median(
+        (s["request_cpu"][last] - s["request_cpu"][first - 1]) / (last - first + 1) for s in samples
+    )
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
+
+
+def benchmark(quick: bool) -> tuple[dict[str, Any], list[tuple[str, str, str, bool]]]:
+    runs = 3 if quick else 5
+    long = 100 if quick else 200
+    counts = [0, 20, long]
+
+    cpu: dict[int, float] = {}
+    samples: dict[int, list[dict[str, Any]]] = {}
+    walls: dict[int, float] = {}
+    for steps in counts:
+        # Short runs are cheap and their difference is small: take more of them.
+        count = runs if steps == long else 2 * runs + 1
+        print(f"  embedded runs of {steps} steps × {count} …", file=sys.stderr, flush=True)
+        cpu[steps], samples[steps], walls[steps] = median_cpu(steps, count)
+
+    per_step_20 = (cpu[20] - cpu[0]) / 20
+    per_step_long = (cpu[long] - cpu[0]) / long
+    early = segment(samples[long], 1, 20)
+    second = segment(samples[long], 21, 40)
+    marginal = segment(samples[long], long - 19, long)
+    ratio = per_step_long / per_step_20 if per_step_20 > 0 else float("inf")
+    wall_per_step = (walls[20] - walls[0]) / 20
+    wall_per_step_long = (walls[long] - walls[0]) / long
+
+    print(f"  harness run × {runs} (start-up, memory) …", file=sys.stderr, flush=True)
+    cli20 = [cli_run(20) for _ in range(runs)]
+    cli0 = [cli_run(0) for _ in range(runs)]
+    startup = statistics.median(r["to_first_request"] for r in cli20 + cli0)
+    rss = max(r["maxrss_mb"] for r in cli20)
+    cli_per_step = (
+        statistics.median(r["cpu"] for r in cli20) - statistics.median(r["cpu"] for r in cli0)
+    ) / 20
+    print("  harness --help × 10 …", file=sys.stderr, flush=True)
+    helps = [help_wall() for _ in range(10)]
+    help_ms = statistics.median(helps) * 1000
+
+    rows = [
+        (
+            "CPU per step (20 steps)",
+            f"{per_step_20 * 1000:.2f} ms",
+            f"≤ {TARGET_CPU_MS:g} ms",
+            per_step_20 * 1000 <= TARGET_CPU_MS,
+        ),
+        (
+            f"CPU per step ({long} steps)",
+            f"{per_step_long * 1000:.2f} ms  (×{ratio:.2f} of 20)",
+            f"≤ {TARGET_FLAT_RATIO:g}× the 20-step figure",
+            ratio <= TARGET_FLAT_RATIO,
+        ),
+        (
+            f"  in the {long}-step run: steps 1–20",
+            f"{early * 1000:.2f} ms",
+            "(information)",
+            True,
+        ),
+        (
+            f"  in the {long}-step run: steps 21–40",
+            f"{second * 1000:.2f} ms",
+            "(information)",
+            True,
+        ),
+        (
+            f"  in the {long}-step run: steps {long - 19}–{long}",
+            f"{marginal * 1000:.2f} ms  (×{marginal / second:.2f} of steps 21–40)"
+            if second > 0
+            else f"{marginal * 1000:.2f} ms",
+            "(information)",
+            True,
+        ),
+        (
+            "  wall per step (20 / long)",
+            f"{wall_per_step * 1000:.2f} / {wall_per_step_long * 1000:.2f} ms",
+            "(information)",
+            True,
+        ),
+        (
+            "  CLI cross-check, CPU per step",
+            f"{cli_per_step * 1000:.2f} ms",
+            "(information; whole process)",
+            True,
+        ),
+        (
+            "Start-up: launch → first request",
+            f"{startup * 1000:.0f} ms",
+            f"≤ {TARGET_STARTUP_S * 1000:g} ms",
+            startup <= TARGET_STARTUP_S,
+        ),
+        (
+            "harness --help (wall)",
+            f"{help_ms:.0f} ms",
+            f"≤ {TARGET_HELP_MS:g} ms",
+            help_ms <= TARGET_HELP_MS,
+        ),
+        (
+            "Peak RSS, 20-step harness run",
+            f"{rss:.1f} MB",
+            f"≤ {TARGET_RSS_MB:g} MB",
+            rss <= TARGET_RSS_MB,
+        ),
+    ]
+    results = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "processor": _cpu_model(),
+            "cpus": os.cpu_count(),
+        },
+        "quick": quick,
+        "harness_source": samples[0][0]["harness_source"],
+        "git_head": _git_head(),
+        "runs": {str(n): len(samples[n]) for n in counts},
+        "cli_runs": runs,
+        "cpu_per_step_ms": {
+            "20": round(per_step_20 * 1000, 3),
+            str(long): round(per_step_long * 1000, 3),
+            f"in_run_{long}_steps_1_20": round(early * 1000, 3),
+            f"in_run_{long}_steps_21_40": round(second * 1000, 3),
+            f"in_run_{long}_steps_{long - 19}_{long}": round(marginal * 1000, 3),
+            "ratio_long_to_20": round(ratio, 3),
+            "cli_cross_check_20": round(cli_per_step * 1000, 3),
+        },
+        "cpu_run_s": {str(n): round(cpu[n], 4) for n in counts},
+        "cpu_run_samples_s": {str(n): [round(x["cpu"], 4) for x in samples[n]] for n in counts},
+        "wall_per_step_ms": {
+            "20": round(wall_per_step * 1000, 3),
+            str(long): round(wall_per_step_long * 1000, 3),
+        },
+        "startup_to_first_request_ms": round(startup * 1000, 1),
+        "startup_samples_ms": [round(r["to_first_request"] * 1000, 1) for r in cli20 + cli0],
+        "help_wall_ms": round(help_ms, 1),
+        "peak_rss_20_steps_mb": round(rss, 1),
+        "targets": {
+            "cpu_per_step_ms": TARGET_CPU_MS,
+            "flat_ratio": TARGET_FLAT_RATIO,
+            "startup_ms": TARGET_STARTUP_S * 1000,
+            "help_ms": TARGET_HELP_MS,
+            "peak_rss_mb": TARGET_RSS_MB,
+        },
+        "pass": {name: ok for name, _, target, ok in rows if not target.startswith("(")},
+    }
+    return results, rows
+
+
+def _git_head() -> str:
+    try:
+        done = subprocess.run(
+            ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=ROOT
+        )
+    except OSError:
+        return ""
+    return done.stdout.strip()
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def print_table(rows: Sequence[tuple[str, str, str, bool]]) -> None:
+    print()
+    print(f"{'figure':36} {'measured':30} {'target':30} result")
+    print("-" * 106)
+    for name, value, target, ok in rows:
+        mark = verdict(ok) if not target.startswith("(") else ""
+        print(f"{name:36} {value:30} {target:30} {mark}")
+    print()
+    print(
+        "CPU = getrusage(RUSAGE_SELF) user+sys inside a fresh child process around\n"
+        "trio.run(open_harness → create_session → run), all threads (ledger writer included);\n"
+        "per step = (CPU(N) − CPU(0)) / N, medians. Start-up = Popen of the real CLI → the\n"
+        "first 'step started' log line (logged right before the first provider request)."
+    )
+
+
+def profile(steps: int, top: int) -> None:
+    """cProfile a run of ``steps`` and a 0-step run; print the difference per step."""
+    import pstats
+
+    def load(path: Path) -> dict[str, tuple[int, float, float]]:
+        stats = pstats.Stats(str(path)).stats  # type: ignore[attr-defined]
+        return {
+            f"{_short(file)}:{line}({name})": (calls, tottime, cumtime)
+            for (file, line, name), (_, calls, tottime, cumtime, _) in stats.items()
+        }
+
+    with tempfile.TemporaryDirectory(prefix="harness-prof-") as tmp:
+        base = Path(tmp)
+        figures = run_child(steps, profile=base / "n.prof")
+        run_child(0, profile=base / "0.prof")
+        plain = [run_child(steps) for _ in range(3)]
+        plain0 = [run_child(0) for _ in range(3)]
+        long_run, zero_run = load(base / "n.prof"), load(base / "0.prof")
+
+    cpu = statistics.median(p["cpu"] for p in plain) - statistics.median(p["cpu"] for p in plain0)
+    main = statistics.median(p["main_thread_cpu"] for p in plain) - statistics.median(
+        p["main_thread_cpu"] for p in plain0
+    )
+    profiled = (
+        long_run.get("trio/_core/_run.py:2424(run)", (0, 0.0, 0.0))[2]
+        - zero_run.get("trio/_core/_run.py:2424(run)", (0, 0.0, 0.0))[2]
+    )
+    print(
+        f"Without the profiler, per step (median of 3, {steps}-step run − 0-step run): "
+        f"{cpu / steps * 1000:.2f} ms CPU = main (Trio) thread {main / steps * 1000:.2f} ms + "
+        f"other threads (ledger commits in trio.to_thread) {(cpu - main) / steps * 1000:.2f} ms."
+    )
+    print(
+        f"Under cProfile (timer: main-thread CPU; profiler overhead ×"
+        f"{profiled / main if main > 0 else float('nan'):.1f}), per step: "
+        f"{profiled / steps * 1000:.2f} ms. The table is ({steps}-step − 0-step) / {steps}, "
+        f"so set-up cancels out. Scale by {main / profiled if profiled else 0:.2f} for real "
+        f"figures; the shares are what matter. ({figures['steps']} steps profiled.)"
+    )
+    rows = []
+    for where, (calls, tottime, cumtime) in long_run.items():
+        c0, t0, cum0 = zero_run.get(where, (0, 0.0, 0.0))
+        rows.append(((cumtime - cum0) / steps, (tottime - t0) / steps, (calls - c0) / steps, where))
+    print(f"\n{'cum/step ms':>12} {'share':>6} {'own/step ms':>12} {'calls/step':>10}  function")
+    for cum, own, calls, where in sorted(rows, reverse=True)[:top]:
+        share = cum / (profiled / steps) if profiled else 0.0
+        print(f"{cum * 1000:12.3f} {share:6.1%} {own * 1000:12.3f} {calls:10.1f}  {where}")
+    print(f"\nby own time:\n{'own/step ms':>12} {'share':>6} {'calls/step':>10}  function")
+    for _, own, calls, where in sorted(rows, key=lambda r: -r[1])[:top]:
+        share = own / (profiled / steps) if profiled else 0.0
+        print(f"{own * 1000:12.3f} {share:6.1%} {calls:10.1f}  {where}")
+
+
+def _short(file: str) -> str:
+    for marker in ("site-packages/", str(ROOT) + "/"):
+        if marker in file:
+            return file.split(marker, 1)[1]
+    return file
+
+
+def _use_project_venv() -> None:
+    """``python benchmarks/loop.py`` with a Python outside the venv: re-run inside it."""
+    venv_python = ROOT / ".venv" / "bin" / "python"
+    if sys.prefix == sys.base_prefix and venv_python.exists():
+        os.execv(str(venv_python), [str(venv_python), *sys.argv])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="fewer runs, 100 steps not 200")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    parser.add_argument("--no-write", action="store_true", help="do not write the JSON file")
+    parser.add_argument(
+        "--profile", type=int, metavar="STEPS", help="cProfile one run of STEPS steps"
+    )
+    parser.add_argument("--top", type=int, default=40, help="rows in the profile")
+    parser.add_argument("--child", nargs=2, metavar=("STEPS", "DIR"), help=argparse.SUPPRESS)
+    parser.add_argument("--child-profile", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.child:
+        child(int(args.child[0]), Path(args.child[1]), args.child_profile)
+        return 0
+    _use_project_venv()
+    if args.profile is not None:
+        profile(args.profile, args.top)
+        return 0
+
+    print(f"harness loop benchmark ({sys.executable})", file=sys.stderr)
+    results, rows = benchmark(args.quick)
+    print_table(rows)
+    print(f"harness measured from {results['harness_source']} ({results['git_head']})")
+    if not args.no_write:
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+        print(f"\nwritten to {RESULTS.relative_to(ROOT)}")
+    failed = [name for name, _, target, ok in rows if not ok and not target.startswith("(")]
+    if failed:
+        print(f"missed: {', '.join(n.strip() for n in failed)}")
+    return 1 if failed and args.check else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
