@@ -72,7 +72,7 @@ class History:
         self.session_id = session_id
         self._entries: dict[str, _Entry] = {}
         self._order: list[str] = []  # message ids, in the order the ledger created them
-        self._position: dict[str, int] = {}  # id -> index just after it in _order
+        self._steps: dict[str, list[str]] = {}  # user message id -> its turn's steps
         self._orphans: dict[str, dict[str, Part]] = {}
         self.mark = 0
 
@@ -84,7 +84,8 @@ class History:
                 entry = _Entry(message, self._orphans.pop(message.id, {}))
                 self._entries[message.id] = entry
                 self._order.append(message.id)  # changes() lists new messages in creation order
-                self._position[message.id] = len(self._order)
+                if isinstance(message, AssistantMessage):
+                    self._steps.setdefault(message.parent_id, []).append(message.id)
             else:
                 entry.message = message
                 entry.chat = None
@@ -123,26 +124,24 @@ class History:
         entry = self._entries.get(message_id)
         return entry.message if entry else None
 
-    def messages_after(self, message_id: str) -> list[Message]:
-        start = self._position.get(message_id, len(self._order))
-        return [self._entries[i].message for i in self._order[start:]]
-
     def turn_steps(self, user_message_id: str) -> list[AssistantMessage]:
-        """The assistant messages of the turn that a user message started."""
-        return [
-            m
-            for m in self.messages_after(user_message_id)
-            if isinstance(m, AssistantMessage) and m.parent_id == user_message_id
-        ]
+        """The assistant messages of the turn that a user message started, in order."""
+        return [self._step(i) for i in self._steps.get(user_message_id, ())]
+
+    def step_count(self, user_message_id: str) -> int:
+        return len(self._steps.get(user_message_id, ()))
+
+    def last_step(self, user_message_id: str) -> AssistantMessage | None:
+        ids = self._steps.get(user_message_id)
+        return self._step(ids[-1]) if ids else None
+
+    def _step(self, message_id: str) -> AssistantMessage:
+        message = self._entries[message_id].message
+        assert isinstance(message, AssistantMessage)
+        return message
 
     def last_message(self) -> Message | None:
         return self._entries[self._order[-1]].message if self._order else None
-
-    def tool_parts_of_turn(self, user_message_id: str) -> list[ToolPart]:
-        out: list[ToolPart] = []
-        for step in self.turn_steps(user_message_id):
-            out.extend(p for p in self.parts_of(step.id) if isinstance(p, ToolPart))
-        return out
 
     def answer_if_done(self, user_message_id: str) -> str | None:
         """The turn's final answer when the ledger shows it finished, else None.
@@ -167,20 +166,20 @@ class History:
         Only a restart leaves these: recovery resets an interrupted read-only call to
         pending so that it is run again instead of being reported as interrupted.
         """
-        steps = self.turn_steps(user_message_id)
-        if not steps or steps[-1].finish is None or steps[-1].error is not None:
+        last = self.last_step(user_message_id)
+        if last is None or last.finish is None or last.error is not None:
             return []
         return [
             p
-            for p in self.parts_of(steps[-1].id)
+            for p in self.parts_of(last.id)
             if isinstance(p, ToolPart) and p.state.status == "pending"
         ]
 
     def recent_tool_calls(self, user_message_id: str, count: int) -> list[ToolPart]:
         """The last ``count`` tool parts of the turn, oldest first, newest steps only."""
         out: list[ToolPart] = []
-        for step in reversed(self.turn_steps(user_message_id)):
-            tools = [p for p in self.parts_of(step.id) if isinstance(p, ToolPart)]
+        for step_id in reversed(self._steps.get(user_message_id, ())):
+            tools = [p for p in self.parts_of(step_id) if isinstance(p, ToolPart)]
             out[:0] = tools
             if len(out) >= count:
                 break

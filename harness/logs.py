@@ -8,6 +8,7 @@ Secrets never reach a line: keys that look like credentials are masked.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from collections.abc import MutableMapping
@@ -19,12 +20,18 @@ import structlog
 _SECRET_WORDS = ("key", "token", "secret", "password", "authorization")
 
 
+@functools.lru_cache(maxsize=1024)
+def _is_secret(name: str) -> bool:
+    # Names repeat from line to line, so each is judged once.
+    lowered = name.lower()
+    return any(word in lowered for word in _SECRET_WORDS) and not lowered.endswith("tokens")
+
+
 def _mask_secrets(
     logger: Any, method: str, event: MutableMapping[str, Any]
 ) -> MutableMapping[str, Any]:
-    for name in list(event):
-        lowered = name.lower()
-        if any(word in lowered for word in _SECRET_WORDS) and not lowered.endswith("tokens"):
+    for name in event:
+        if _is_secret(name):
             event[name] = "***"
     return event
 

@@ -150,7 +150,7 @@ class Runner:
                 if stop is not None:
                     return TurnResult(user_message_id, stop, self._last_text(user_message_id))
                 continue
-            step = len(history.turn_steps(user_message_id)) + 1
+            step = history.step_count(user_message_id) + 1
             last_step = self._max_steps is not None and step >= self._max_steps
             stop, error = await self._step(user_message_id, step, last_step)
             if stop is None and last_step:

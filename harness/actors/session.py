@@ -127,9 +127,15 @@ def close_open_work(
     return events
 
 
-def abandon_turn(ledger: Ledger, session_id: str, message_id: str) -> list[NewEvent]:
-    """Events that end a claimed turn for good after a restart, without running it."""
-    reason = "interrupted by restart"
+def abandon_turn(
+    ledger: Ledger,
+    session_id: str,
+    message_id: str,
+    reason: str = "interrupted by restart",
+    *,
+    status: SessionStatus = "idle",
+) -> list[NewEvent]:
+    """Events that end a claimed turn for good, without running it any further."""
     result = TurnResult(message_id, "error", "", reason)
     events = [
         *close_open_work(ledger, session_id, reason),
@@ -137,8 +143,14 @@ def abandon_turn(ledger: Ledger, session_id: str, message_id: str) -> list[NewEv
     ]
     session = ledger.session(session_id)
     if session is not None:
-        idle = session.model_copy(update={"status": "idle", "updated": time.time()})
-        events.append(NewEvent("session.updated", session_id, idle.model_dump(mode="json")))
+        ended = session.model_copy(
+            update={
+                "status": status,
+                "error": reason if status == "error" else None,
+                "updated": time.time(),
+            }
+        )
+        events.append(NewEvent("session.updated", session_id, ended.model_dump(mode="json")))
     return events
 
 

@@ -74,8 +74,19 @@ class Supervisor:
     async def _guard(self, actor: SessionActor) -> None:
         try:
             await actor.run()
-        except Exception:
+        except Exception as error:
             log.exception("session actor died", session_id=actor.session_id)
+            # Whoever waits on the turn must hear that it ended: record it as failed.
+            ledger = self._services.ledger
+            reason = f"internal error: {type(error).__name__}: {error}"
+            with trio.CancelScope(shield=True):
+                for session_id, message_id, _ in ledger.claimed_turns(actor.session_id):
+                    try:
+                        await ledger.write(
+                            abandon_turn(ledger, session_id, message_id, reason, status="error")
+                        )
+                    except Exception:
+                        log.exception("could not record the failed turn", turn=message_id)
         finally:
             if self._actors.get(actor.session_id) is actor:
                 del self._actors[actor.session_id]

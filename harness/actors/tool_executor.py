@@ -255,12 +255,15 @@ class ToolExecutor:
     ) -> CallOutcome:
         start = time.time()
         title = tool.title(args)
-        # Durable before the side effect begins: after a crash, a call still "running" in
-        # the ledger is known to have maybe happened, and is never re-run blindly.
-        await self._ledger.write(
-            [self._record(message_id, call, ToolRunning(input=raw, title=title, start=start))]
-        )
-        log.info("tool started", call_id=call.call_id, tool=call.tool, title=title)
+        running = [self._record(message_id, call, ToolRunning(input=raw, title=title, start=start))]
+        if tool.read_only:
+            # Nothing to protect: a read-only call interrupted by a crash is simply re-run.
+            self._ledger.post(running)
+        else:
+            # Durable before the side effect begins: after a crash, a call still "running"
+            # in the ledger is known to have maybe happened, and is never re-run blindly.
+            await self._ledger.write(running)
+        log.debug("tool started", call_id=call.call_id, tool=call.tool, title=title)
         try:
             result = await tool.execute(args, context)
         except ToolFailure as error:

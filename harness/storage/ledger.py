@@ -57,9 +57,12 @@ def _dumps(data: dict[str, Any]) -> str:
 
 
 class Ledger:
-    def __init__(self, path: Path, *, durability: Durability = "normal") -> None:
+    def __init__(
+        self, path: Path, *, durability: Durability = "normal", post_delay: float = 0.002
+    ) -> None:
         self.path = path
         self.durability = durability
+        self.post_delay = post_delay  # how long a fire-and-forget write may wait for company
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._write = self._connect(path)
@@ -125,6 +128,16 @@ class Ledger:
                 except trio.EndOfChannel:
                     return
                 batch = [first]
+                if first.reply is None and self.post_delay > 0:
+                    # Group commit: nobody waits on a post, so give the posts that follow
+                    # it (a step makes several) a moment to share one transaction. A
+                    # write that someone awaits ends the wait at once.
+                    with trio.move_on_after(self.post_delay):
+                        while len(batch) < _MAX_BATCH and batch[-1].reply is None:
+                            try:
+                                batch.append(await self._mailbox_receive.receive())
+                            except trio.EndOfChannel:
+                                break
                 while len(batch) < _MAX_BATCH:
                     try:
                         batch.append(self._mailbox_receive.receive_nowait())
