@@ -241,7 +241,12 @@ async def test_a_subscriber_that_never_reads_is_cut_off(
     daemon: Daemon, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(server, "SUBSCRIBER_BUFFER", 64)
-    session_id = await daemon.session([{"text": "x" * 6000, "chunks": 6000}])
+    # Many durable events quickly: 80 reads in one step (live deltas are coalesced, so a
+    # long text alone would not make enough events).
+    reads = [
+        {"name": "read", "arguments": {"path": "notes.txt", "offset": i + 1}} for i in range(80)
+    ]
+    session_id = await daemon.session([{"tool_calls": reads}, {"text": "done"}])
     stalled = await trio.open_unix_socket(str(daemon.path))
     stalled.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     await stalled.send_all(b"GET /v1/events HTTP/1.1\r\nhost: h\r\n\r\n")
