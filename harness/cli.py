@@ -34,6 +34,8 @@ EXIT_BY_REASON = {
     "error": EXIT_ERROR,
     "max_steps": EXIT_LIMIT,
     "doom_loop": EXIT_LIMIT,
+    "budget": EXIT_LIMIT,
+    "overflow": EXIT_LIMIT,
     "denied": EXIT_DENIED,
     "cancelled": EXIT_CANCELLED,
 }
@@ -41,6 +43,12 @@ EXIT_BY_REASON = {
 
 class UsageError(Exception):
     """Bad flags or arguments: exit 2 with the message."""
+
+
+_DURABILITY_HELP = (
+    "normal (default): a commit survives a crash of the process; "
+    "full: it also survives a power loss (an fsync per commit batch)"
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -78,12 +86,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--embedded", action="store_true", help="run in this process even when a daemon answers"
     )
+    run.add_argument("--durability", choices=("normal", "full"), help=_DURABILITY_HELP)
 
     serve = commands.add_parser("serve", help="run the daemon: the HTTP API on a Unix socket")
     serve.add_argument(
         "--socket", help="the socket path (default $HARNESS_SOCKET or $HARNESS_HOME/harness.sock)"
     )
     serve.add_argument("--log-file", help="write the JSON log lines to this file, not stderr")
+    serve.add_argument("--durability", choices=("normal", "full"), help=_DURABILITY_HELP)
 
     sessions = commands.add_parser("sessions", help="list sessions")
     sessions.add_argument("--json", action="store_true", help="print JSON")
@@ -158,6 +168,11 @@ def _exit_code_for(error: BaseException) -> int:
     if isinstance(first, SystemExit) and len(leaves) == 1:
         return int(first.code or 0) if not isinstance(first.code, str) else EXIT_ERROR
     if isinstance(first, UsageError):
+        print(f"harness: {first}", file=sys.stderr)
+        return EXIT_USAGE
+    from harness.config import ConfigError
+
+    if isinstance(first, ConfigError):
         print(f"harness: {first}", file=sys.stderr)
         return EXIT_USAGE
     from harness.client import ApiError, DaemonUnavailable
@@ -239,6 +254,7 @@ def _run(args: argparse.Namespace) -> int:
         max_steps=args.max_steps,
         rules=rules,
         interactive=interactive,
+        durability=args.durability,
     )
     config.log_file = config.home / "logs" / f"run-{time.strftime('%Y%m%d')}.jsonl"
     return trio.run(_run_async, config, args, text, directory)
@@ -251,6 +267,8 @@ def _daemon_can_take(args: argparse.Namespace) -> bool:
     rules given with ``--session`` would have to change an existing session.
     """
     rules_given = bool(args.yes or args.allow or args.deny)
+    if args.durability is not None:
+        return False  # the daemon's ledger is opened with the daemon's own setting
     return not args.base_url and args.max_steps is None and not (args.session and rules_given)
 
 
@@ -553,8 +571,9 @@ def _serve(args: argparse.Namespace) -> int:
     from harness.config import Config, SocketPathError, usable_socket_path
     from harness.logs import configure_logging
     from harness.server import DaemonRunning, serve
+    from harness.storage.ledger import LedgerError
 
-    config = Config.from_env()
+    config = Config.from_env(durability=args.durability)
     log_file = Path(args.log_file).expanduser() if args.log_file else None
     configure_logging(level=config.log_level, format=config.log_format, file=log_file)
     log = structlog.get_logger("harness.serve")
@@ -577,7 +596,8 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         trio.run(main)
     except BaseException as error:
-        refused = [leaf for leaf in _leaves(error) if isinstance(leaf, DaemonRunning | OSError)]
+        refusals = DaemonRunning | LedgerError | OSError
+        refused = [leaf for leaf in _leaves(error) if isinstance(leaf, refusals)]
         if not refused:
             raise
         log.error("cannot start", error=str(refused[0]))

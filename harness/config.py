@@ -23,6 +23,10 @@ def default_home() -> Path:
     return Path(data) / "harness"
 
 
+class ConfigError(ValueError):
+    """A setting from the environment has a value harness cannot use; says which."""
+
+
 @dataclass
 class Config:
     """Everything a harness needs; every field has a working default.
@@ -66,6 +70,13 @@ class Config:
             values["log_level"] = env["HARNESS_LOG_LEVEL"].lower()
         if env.get("HARNESS_LOG_FORMAT") in ("json", "console"):
             values["log_format"] = env["HARNESS_LOG_FORMAT"]
+        if env.get("HARNESS_DURABILITY"):
+            durability = env["HARNESS_DURABILITY"].strip().lower()
+            if durability not in ("normal", "full"):
+                raise ConfigError(
+                    f"HARNESS_DURABILITY={env['HARNESS_DURABILITY']!r}: expected 'normal' or 'full'"
+                )
+            values["durability"] = durability
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
 

@@ -531,7 +531,13 @@ async def serve(
                 await handle_connection(h, stream)
 
             await nursery.start(trio.serve_listeners, handler, [listener])
-            log.info("daemon listening", socket=str(path), pid=os.getpid(), model=config.model)
+            log.info(
+                "daemon listening",
+                socket=str(path),
+                pid=os.getpid(),
+                model=config.model,
+                durability=config.durability,
+            )
             task_status.started((h, path))
     finally:
         with trio.CancelScope(shield=True):
