@@ -61,7 +61,10 @@ def _parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="send a prompt and print the final answer")
     run.add_argument("prompt", nargs="+", help="the prompt ('-' reads it from stdin)")
-    run.add_argument("--model", help="mistral/<model>, openai/<model> or scripted:<file>")
+    run.add_argument(
+        "--model",
+        help="mistral/<model>, openai/<model>, scripted:<file> or replay:<cassette>",
+    )
     run.add_argument("--base-url", help="the provider's server root (default: the provider's)")
     run.add_argument("--dir", default=".", help="the session's working directory")
     run.add_argument("--session", help="continue this session instead of starting one")
@@ -87,6 +90,11 @@ def _parser() -> argparse.ArgumentParser:
         "--embedded", action="store_true", help="run in this process even when a daemon answers"
     )
     run.add_argument("--durability", choices=("normal", "full"), help=_DURABILITY_HELP)
+    run.add_argument(
+        "--record",
+        metavar="FILE",
+        help="write every provider exchange to this JSON-lines cassette (replay:FILE plays it)",
+    )
 
     serve = commands.add_parser("serve", help="run the daemon: the HTTP API on a Unix socket")
     serve.add_argument(
@@ -238,6 +246,7 @@ def _run(args: argparse.Namespace) -> int:
     if not directory.is_dir():
         raise UsageError(f"--dir {args.dir}: no such directory")
     interactive = sys.stdin.isatty() and args.prompt != ["-"]
+    record = _record_path(args.record)
     if not args.embedded and _daemon_can_take(args):
         client = _client()
         if client is not None and client.alive():
@@ -255,18 +264,33 @@ def _run(args: argparse.Namespace) -> int:
         rules=rules,
         interactive=interactive,
         durability=args.durability,
+        record=record,
     )
     config.log_file = config.home / "logs" / f"run-{time.strftime('%Y%m%d')}.jsonl"
     return trio.run(_run_async, config, args, text, directory)
 
 
+def _record_path(value: str | None) -> Path | None:
+    """The cassette ``--record`` names, emptied now: a run records afresh."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    try:
+        path.write_bytes(b"")
+    except OSError as error:
+        raise UsageError(f"--record {value}: {error.strerror or error}") from error
+    return path
+
+
 def _daemon_can_take(args: argparse.Namespace) -> bool:
     """Whether the daemon can honour every flag; if not, ``run`` stays embedded.
 
-    ``--base-url`` and ``--max-steps`` configure a whole harness, not one session, and
-    rules given with ``--session`` would have to change an existing session.
+    ``--base-url``, ``--max-steps`` and ``--record`` configure a whole harness, not one
+    session, and rules given with ``--session`` would have to change an existing session.
     """
     rules_given = bool(args.yes or args.allow or args.deny)
+    if args.record is not None:
+        return False  # the cassette records this process's provider calls
     if args.durability is not None:
         return False  # the daemon's ledger is opened with the daemon's own setting
     return not args.base_url and args.max_steps is None and not (args.session and rules_given)
@@ -444,8 +468,9 @@ def _client() -> Client | None:
 def _model_for_daemon(args: argparse.Namespace) -> str | None:
     """The model this process would use; a scripted file resolved against our directory."""
     model: str | None = args.model or os.environ.get("HARNESS_MODEL") or None
-    if model is not None and model.startswith("scripted:"):
-        model = "scripted:" + str(Path(model.removeprefix("scripted:")).expanduser().resolve())
+    for kind in ("scripted:", "replay:"):
+        if model is not None and model.startswith(kind):
+            model = kind + str(Path(model.removeprefix(kind)).expanduser().resolve())
     return model
 
 

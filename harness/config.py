@@ -54,9 +54,12 @@ class Config:
     restart_limit: int = 3
     restart_window: float = 60.0
     provider_factory: Callable[[str], Provider] | None = None
+    record: Path | None = None  # append every provider HTTP exchange to this cassette
 
     def __post_init__(self) -> None:
         self.home = Path(self.home).expanduser()
+        if self.record is not None:
+            self.record = Path(self.record).expanduser()
 
     @classmethod
     def from_env(cls, **overrides: object) -> Config:

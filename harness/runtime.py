@@ -98,9 +98,9 @@ class Harness:
         get_agent(agent_name)  # raises UnknownAgentError with the list of agents
         model_name = model or self.config.model
         kind, name = split_model(model_name)  # raises on an unknown provider
-        if kind == "scripted":
+        if kind in ("scripted", "replay"):
             # Resolve now: a daemon's working directory is not the client's.
-            model_name = f"scripted:{Path(name).expanduser().resolve()}"
+            model_name = f"{kind}:{Path(name).expanduser().resolve()}"
         now = time.time()
         session = Session(
             id=ids.session_id(),

@@ -456,7 +456,9 @@ class SessionActor:
             self._provider = (
                 factory(session.model)
                 if factory is not None
-                else create_provider(session.model, base_url=config.base_url)
+                else create_provider(
+                    session.model, base_url=config.base_url, record=config.record
+                )
             )
         _, model_name = split_model(session.model)
         layers = (services.rules_of(session), *self._lineage.ceilings)

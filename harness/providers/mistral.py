@@ -249,6 +249,7 @@ class MistralProvider:
         api_key: str | None,
         base_url: str | None = None,
         http_client: httpx.AsyncClient | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
         prices: PriceTable | None = None,
     ) -> None:
         if not api_key:
@@ -265,7 +266,9 @@ class MistralProvider:
         }
         self._owns_client = http_client is None
         self._client = (
-            http_client if http_client is not None else httpx.AsyncClient(timeout=TIMEOUT)
+            http_client
+            if http_client is not None
+            else httpx.AsyncClient(timeout=TIMEOUT, transport=transport)
         )
         self._prices = prices if prices is not None else DEFAULT_PRICES
 

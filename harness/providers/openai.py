@@ -205,6 +205,7 @@ class OpenAIProvider:
         api_key: str | None = None,
         base_url: str | None = None,
         http_client: httpx.AsyncClient | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
         prices: PriceTable | None = None,
     ) -> None:
         self.model = model
@@ -215,7 +216,9 @@ class OpenAIProvider:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._owns_client = http_client is None
         self._client = (
-            http_client if http_client is not None else httpx.AsyncClient(timeout=TIMEOUT)
+            http_client
+            if http_client is not None
+            else httpx.AsyncClient(timeout=TIMEOUT, transport=transport)
         )
         self._prices = prices if prices is not None else PriceTable()
 
