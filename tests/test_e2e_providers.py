@@ -164,3 +164,27 @@ async def test_authentication_failure_is_a_clear_error(
     assert result.reason == "error"
     assert result.error is not None and "MISTRAL_API_KEY" in result.error
     assert len(server.requests) == 1  # never retried
+
+
+async def test_two_parallel_calls_are_both_executed_and_answered(
+    tmp_path: Path, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MISTRAL_API_KEY", "test-key")
+    calls = [
+        {"id": "aaaaaaaa1", "function": {"name": "read", "arguments": '{"path": "notes.txt"}'}},
+        {"id": "bbbbbbbb2", "function": {"name": "read", "arguments": '{"path": "package.json"}'}},
+    ]
+    both = Reply(events=[chunk(tool_calls=calls), chunk(finish="tool_calls", usage=USAGE)])
+    async with wire_server(both, _answer("Read both files.")) as server:
+        config = Config(home=tmp_path / "home", model="mistral/m", base_url=server.url)
+        async with open_harness(config) as h:
+            session = await h.create_session(project)
+            result = await h.run(session.id, "read both")
+    assert result.answer == "Read both files."
+    second = server.requests[1].json()
+    (assistant,) = [m for m in second["messages"] if m["role"] == "assistant"]
+    assert [c["id"] for c in assistant["tool_calls"]] == ["aaaaaaaa1", "bbbbbbbb2"]
+    results = {m["tool_call_id"]: m for m in second["messages"] if m["role"] == "tool"}
+    assert "marker-7f3a" in results["aaaaaaaa1"]["content"]
+    assert "pnpm@9" in results["bbbbbbbb2"]["content"]
+    assert {m["name"] for m in results.values()} == {"read"}

@@ -241,9 +241,9 @@ def test_a_missing_or_corrupt_cassette_is_a_clear_error(
     with pytest.raises(CassetteError, match=message):
         create_provider(f"replay:{cassette}")
     if content in (None, "{not json\n"):  # and through the CLI: no traceback
+        args = ["run", "--model", f"replay:{cassette}", "--dir", str(project), "hi"]
         result = subprocess.run(
-            [sys.executable, "-m", "harness", "run", "--model", f"replay:{cassette}"]
-            + ["--dir", str(project), "hi"],
+            [sys.executable, "-m", "harness", *args],
             capture_output=True,
             text=True,
             env=_env(tmp_path / "home"),

@@ -1,0 +1,101 @@
+"""Commands that call no model import neither the mistralai SDK nor the providers' httpx path.
+
+Each command runs in a fresh interpreter (the real ``harness.cli.main``, no daemon), and
+``sys.modules`` is read after it finished.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PROVIDER_MODULES = (
+    "mistralai",
+    "httpx",
+    "httpcore",
+    "harness.providers.sse",
+    "harness.providers.mistral",
+    "harness.providers.openai",
+    "harness.providers.cassette",
+)
+
+_PROBE = """
+import json, sys
+from harness.cli import main
+try:
+    main(sys.argv[2:])
+except SystemExit as exit:
+    code = exit.code
+watched = json.loads(sys.argv[1])
+print(json.dumps({"code": code, "loaded": [m for m in watched if m in sys.modules]}))
+"""
+
+
+def _imports(tmp_path: Path, *args: str, watched: tuple[str, ...] = PROVIDER_MODULES) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
+    env |= {"HARNESS_HOME": str(tmp_path / "home"), "HARNESS_SOCKET": str(tmp_path / "no.sock")}
+    result = subprocess.run(
+        [sys.executable, "-c", _PROBE, json.dumps(list(watched)), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert report["code"] in (0, None), result.stderr
+    loaded: list[str] = report["loaded"]
+    return loaded
+
+
+def _script(tmp_path: Path) -> str:
+    path = tmp_path / "script.json"
+    path.write_text(
+        json.dumps(
+            [{"tool_calls": [{"name": "read", "arguments": {"path": "notes.txt"}}]}, {"text": "ok"}]
+        )
+    )
+    return f"scripted:{path}"
+
+
+def test_help_imports_nothing_heavy(tmp_path: Path) -> None:
+    heavy = (*PROVIDER_MODULES, "trio", "pydantic", "apsw")
+    assert _imports(tmp_path, "--help", watched=heavy) == []
+
+
+def test_a_scripted_run_and_the_ledger_commands_import_no_provider_code(
+    tmp_path: Path, project: Path
+) -> None:
+    run = ["run", "--embedded", "--model", _script(tmp_path), "--dir", str(project), "hi"]
+    assert _imports(tmp_path, *run) == []
+    assert _imports(tmp_path, "sessions") == []  # no daemon: read from the ledger
+    assert _imports(tmp_path, "sessions", "--json") == []
+
+
+@pytest.mark.parametrize(("provider", "loads_sdk"), [("openai", False), ("mistral", True)])
+def test_a_real_provider_loads_httpx_and_only_mistral_loads_the_sdk(
+    tmp_path: Path, project: Path, provider: str, loads_sdk: bool
+) -> None:
+    # A replayed session runs the real provider code without a network or a key.
+    body = 'data: {"choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": "stop"}],'
+    body += ' "id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}\n\n'
+    entry = {
+        "v": 1,
+        "provider": provider,
+        "model": "m",
+        "base_url": None,
+        "request": {},
+        "status": 200,
+        "headers": {"content-type": "text/event-stream"},
+        "body": body + "data: [DONE]\n\n",
+    }
+    cassette = tmp_path / "c.jsonl"
+    cassette.write_text(json.dumps(entry) + "\n")
+    run = ["run", "--embedded", "--model", f"replay:{cassette}", "--dir", str(project), "hi"]
+    loaded = _imports(tmp_path, *run)
+    assert "httpx" in loaded and f"harness.providers.{provider}" in loaded
+    assert ("mistralai" in loaded) is loads_sdk
