@@ -49,6 +49,14 @@ class Config:
     log_file: Path | None = None
     retry_attempts: int = 5  # provider attempts per step, the first included
     retry_initial_delay: float = 2.0  # seconds; doubles each attempt, capped at 30 s
+    model_limits: dict[str, tuple[int, int]] = field(default_factory=dict)  # (context, output)
+    compaction_keep_tokens: int = 8_000  # recent history kept verbatim after a compaction
+    prune_protect_tokens: int | None = 40_000  # newest tool output never pruned; None: never
+    budget_tokens: int | None = None  # per run, over the whole session tree
+    budget_cost: float | None = None  # USD
+    budget_time: float | None = None  # seconds
+    show_request: bool = False  # publish each exact request as a step.request event
+    title_model: str | None = None  # a model to write titles with; None: derive them
     max_task_depth: int = 3  # how deep `task` may nest child sessions
     max_children: int = 4  # child sessions of one session running at once
     restart_limit: int = 3

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from harness.messages.model import (
     AssistantMessage,
+    CompactionPart,
     Message,
     Part,
     TextPart,
@@ -32,7 +33,23 @@ INTERRUPTED = "the tool call was interrupted before it finished"
 class _Entry:
     message: Message
     parts: dict[str, Part]
-    chat: tuple[ChatMessage, ...] | None = None  # cached model view; None = re-derive
+    # The model's view of this message, derived on demand and cached until it changes:
+    chat: tuple[ChatMessage, ...] | None = None
+    pruned: tuple[ChatMessage, ...] | None = None  # the same with old tool outputs elided
+    tokens: int = 0  # estimated tokens of ``chat``
+    tool_tokens: int = 0  # of which tool outputs
+
+
+def estimate_tokens(text: str) -> int:
+    """A provider-neutral estimate: about four characters a token."""
+    return len(text) // 4 + 1
+
+
+PRUNED = (
+    "[This old tool output was pruned to save context ({chars} characters). The ledger "
+    "keeps it; run the tool again if you need it.]"
+)
+SUMMARY_HEADER = "[Summary of the conversation so far, written when the context filled up]\n"
 
 
 def text_of(parts: list[Part] | tuple[Part, ...]) -> str:
@@ -72,7 +89,9 @@ class History:
         self.session_id = session_id
         self._entries: dict[str, _Entry] = {}
         self._order: list[str] = []  # message ids, in the order the ledger created them
+        self._index: dict[str, int] = {}  # message id -> its place in _order
         self._steps: dict[str, list[str]] = {}  # user message id -> its turn's steps
+        self._compaction: tuple[str, CompactionPart] | None = None  # the latest summary
         self._orphans: dict[str, dict[str, Part]] = {}
         self.mark = 0
 
@@ -83,8 +102,9 @@ class History:
             if entry is None:
                 entry = _Entry(message, self._orphans.pop(message.id, {}))
                 self._entries[message.id] = entry
+                self._index[message.id] = len(self._order)
                 self._order.append(message.id)  # changes() lists new messages in creation order
-                if isinstance(message, AssistantMessage):
+                if isinstance(message, AssistantMessage) and message.mode == "step":
                     self._steps.setdefault(message.parent_id, []).append(message.id)
             else:
                 entry.message = message
@@ -96,23 +116,132 @@ class History:
                 continue
             owner.parts[part.id] = part
             owner.chat = None
+            if isinstance(part, CompactionPart):
+                self._compaction = (part.message_id, part)
 
     # --- the model's view -------------------------------------------------------------------
 
-    def chat(self) -> list[ChatMessage]:
+    def _view_of(self, message_id: str) -> _Entry:
+        entry = self._entries[message_id]
+        if entry.chat is None:
+            parts = self.parts_of(message_id)
+            message = entry.message
+            if isinstance(message, UserMessage):
+                entry.chat = _user_view(message, parts)
+            elif message.mode == "compaction":
+                entry.chat = ()  # shown as the summary at the head of the view instead
+            else:
+                entry.chat = _assistant_view(parts)
+            entry.pruned = None
+            entry.tool_tokens = sum(
+                estimate_tokens(m.content) for m in entry.chat if isinstance(m, ToolResult)
+            )
+            entry.tokens = entry.tool_tokens + sum(
+                estimate_tokens(m.text) + sum(len(c.arguments) // 4 for c in m.tool_calls)
+                if isinstance(m, AssistantTurn)
+                else estimate_tokens(m.text)
+                for m in entry.chat
+                if not isinstance(m, ToolResult)
+            )
+        return entry
+
+    def _visible(self) -> list[str]:
+        """Ids of the messages in the model's view: all, or those kept after a summary."""
+        if self._compaction is None:
+            return self._order
+        owner, part = self._compaction
+        start = (
+            self._index.get(part.keep_from, self._index[owner])
+            if part.keep_from
+            else (self._index[owner])
+        )
+        return [i for i in self._order[start:] if i != owner]
+
+    def chat(self, *, prune_protect: int | None = None) -> list[ChatMessage]:
+        """What the model sees: the summary of compacted history, then the messages kept.
+
+        With ``prune_protect``, tool outputs older than the newest ``prune_protect``
+        tokens of tool output are elided, when that saves at least half as much again
+        (pruning a little would only spoil the provider's prompt cache); the ledger keeps
+        them whole.
+        """
+        visible = self._visible()
+        entries = [self._view_of(i) for i in visible]
+        cut = 0  # entries before this index show pruned tool outputs
+        if prune_protect is not None:
+            seen = 0
+            for index in range(len(entries) - 1, -1, -1):
+                seen += entries[index].tool_tokens
+                if seen > prune_protect:
+                    prunable = sum(e.tool_tokens for e in entries[: index + 1])
+                    if prunable >= prune_protect // 2:
+                        cut = index + 1
+                    break
         out: list[ChatMessage] = []
+        if self._compaction is not None:
+            out.append(UserTurn(SUMMARY_HEADER + self._compaction[1].summary))
+        for position, entry in enumerate(entries):
+            if position < cut and entry.tool_tokens:
+                if entry.pruned is None:
+                    entry.pruned = tuple(
+                        ToolResult(m.call_id, m.name, PRUNED.format(chars=len(m.content)))
+                        if isinstance(m, ToolResult) and not m.is_error
+                        else m
+                        for m in entry.chat or ()
+                    )
+                out.extend(entry.pruned)
+            else:
+                out.extend(entry.chat or ())
+        return out
+
+    def estimate(self) -> int:
+        """Estimated tokens of the model's view (before pruning), summary included."""
+        total = sum(self._view_of(i).tokens for i in self._visible())
+        if self._compaction is not None:
+            total += estimate_tokens(self._compaction[1].summary)
+        return total
+
+    def reported_estimate(self) -> int | None:
+        """The provider's own count for the last visible step, plus what came after it.
+
+        The last step's reported input and output tokens cover everything up to its reply;
+        its tool results and any later messages are new and are estimated. None when no
+        visible step reported usage (nothing since the last summary, or no usage at all).
+        """
+        added = 0
+        # A count reported before the latest summary measured the old, longer context.
+        since = self._index[self._compaction[0]] if self._compaction is not None else -1
+        for message_id in reversed(self._visible()):
+            if self._index[message_id] < since:
+                return None
+            entry = self._view_of(message_id)
+            message = entry.message
+            if isinstance(message, AssistantMessage) and message.tokens.input > 0:
+                return message.tokens.input + message.tokens.output + entry.tool_tokens + added
+            added += entry.tokens
+        return None
+
+    def keep_from(self, keep_tokens: int) -> str | None:
+        """The oldest visible message such that it and all after it fit in ``keep_tokens``."""
+        kept: str | None = None
+        total = 0
+        for message_id in reversed(self._visible()):
+            total += self._view_of(message_id).tokens
+            if total > keep_tokens and kept is not None:
+                break
+            kept = message_id
+        return kept
+
+    def assistant_turns(self) -> int:
+        """Assistant replies in the whole history (summarized ones and summaries included)."""
+        count = 0
         for message_id in self._order:
             entry = self._entries[message_id]
-            if entry.chat is None:
-                parts = self.parts_of(message_id)
-                message = entry.message
-                entry.chat = (
-                    _user_view(message, parts)
-                    if isinstance(message, UserMessage)
-                    else _assistant_view(parts)
-                )
-            out.extend(entry.chat)
-        return out
+            if isinstance(entry.message, AssistantMessage) and (
+                entry.message.mode == "compaction" or self._view_of(message_id).chat
+            ):
+                count += 1
+        return count
 
     # --- what the loop decides from ---------------------------------------------------------
 
@@ -155,6 +284,8 @@ class History:
             return None
         if last.finish is None or last.finish == "tool_calls" or last.error is not None:
             return None
+        if last.mode == "compaction":
+            return None  # a summary was just written: the work goes on
         parts = self.parts_of(last.id)
         if any(isinstance(p, ToolPart) for p in parts):
             return None

@@ -18,6 +18,7 @@ import trio
 
 from harness.actors.event_feed import subscription
 from harness.agents import get_agent
+from harness.context.budget import Budget
 from harness.messages import ids
 from harness.messages.events import NewEvent
 from harness.messages.mailbox import RegisterChild
@@ -37,6 +38,7 @@ class Lineage:
     depth: int = 0
     ceilings: tuple[tuple[Rule, ...], ...] = ()  # each ancestor's merged ruleset
     trace_id: str = ""  # the root session's id
+    budget: Budget | None = None  # the run's budget, shared by the whole tree
 
 
 class ChildSessions:
@@ -48,11 +50,13 @@ class ChildSessions:
         parent: Session,
         lineage: Lineage,
         limiter: trio.Semaphore,
+        budget: Budget | None = None,
     ) -> None:
         self._services = services
         self._parent = parent
         self._lineage = lineage
         self._limiter = limiter
+        self._budget = budget
 
     async def run(
         self,
@@ -129,6 +133,7 @@ class ChildSessions:
             depth=self._lineage.depth + 1,
             ceilings=(*self._lineage.ceilings, parent_rules),
             trace_id=self._lineage.trace_id or self._parent.id,
+            budget=self._budget,
         )
         actor = SessionActor(services, child.id, lineage=lineage, parent_span=call_id)
         log.info("subtask started", child_session_id=child.id, call_id=call_id)

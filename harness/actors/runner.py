@@ -14,21 +14,24 @@ see, or on a limit, a denial, an error or a cancel — each recorded as the reas
 from __future__ import annotations
 
 import json
-import platform
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 import structlog
 import trio
 
-from harness.history import History, text_of
+from harness.context.budget import Budget
+from harness.context.compaction import BUDGET_PROMPT, COMPACTION_PROMPT, COMPACTION_SYSTEM
+from harness.context.limits import DEFAULT_LIMITS, ModelLimits
+from harness.history import History, estimate_tokens, text_of
 from harness.messages import ids
 from harness.messages.events import Event, NewEvent, StopReason, TurnResult
 from harness.messages.mailbox import CallOutcome, ExecuteCalls, FeedMessage, PlannedCall, Publish
 from harness.messages.model import (
     AssistantMessage,
+    CompactionPart,
     Part,
     ReasoningPart,
     Session,
@@ -46,9 +49,10 @@ from harness.messages.provider import (
     TextDelta,
     ToolCallEvent,
     ToolSpec,
+    UserTurn,
 )
 from harness.providers.base import Provider
-from harness.providers.errors import ProviderError
+from harness.providers.errors import ContextOverflowError, ProviderError
 from harness.providers.retry import RetryNotice, RetryPolicy, stream_with_retries
 
 log = structlog.get_logger("harness.runner")
@@ -70,21 +74,20 @@ UsageSink = Callable[[Tokens, float], None]
 RetrySink = Callable[[RetryNotice], Awaitable[None]]
 
 
-def environment_block(directory: str) -> str:
-    return (
-        "<environment>\n"
-        f"Working directory: {directory}\n"
-        f"Platform: {platform.system().lower()}\n"
-        f"Today's date: {time.strftime('%Y-%m-%d')}\n"
-        "</environment>"
-    )
-
-
 def _canonical(arguments: str) -> str:
     try:
         return json.dumps(json.loads(arguments), sort_keys=True, separators=(",", ":"))
     except json.JSONDecodeError:
         return arguments
+
+
+@dataclass(frozen=True, slots=True)
+class ContextPolicy:
+    """How the runner keeps the history within the model's window."""
+
+    limits: ModelLimits = DEFAULT_LIMITS
+    keep_tokens: int = 8_000  # recent history kept verbatim after a compaction
+    prune_protect: int | None = 40_000  # newest tool output (tokens) never pruned
 
 
 @dataclass(slots=True)
@@ -113,6 +116,7 @@ class Runner:
         model_name: str,
         provider: Provider,
         system: Sequence[str],
+        system_sources: Sequence[str] = (),
         tool_specs: Sequence[ToolSpec],
         max_steps: int | None,
         ledger_history: History,
@@ -124,11 +128,15 @@ class Runner:
         on_usage: UsageSink,
         on_retry: RetrySink,
         retry_policy: RetryPolicy,
+        context: ContextPolicy | None = None,
+        budget: Budget | None = None,
+        show_request: bool = False,
     ) -> None:
         self.session = session
         self._model_name = model_name
         self._provider = provider
         self._system = tuple(system)
+        self._system_sources = tuple(system_sources)
         self._tool_specs = tuple(tool_specs)
         self._max_steps = max_steps
         self._history = ledger_history
@@ -140,11 +148,20 @@ class Runner:
         self._on_usage = on_usage
         self._on_retry = on_retry
         self._retry_policy = retry_policy
+        self._context = context or ContextPolicy()
+        self._budget = budget
+        self._show_request = show_request
+        # What every request carries besides the history: counted once.
+        self._fixed_tokens = sum(estimate_tokens(text) for text in self._system) + sum(
+            estimate_tokens(json.dumps(spec.parameters)) + estimate_tokens(spec.description)
+            for spec in self._tool_specs
+        )
 
     # --- the loop ---------------------------------------------------------------------------
 
     async def run_turn(self, user_message_id: str) -> TurnResult:
         history = self._history
+        compacted_at = 0  # the step a compaction last ran for: at most once per step
         while True:
             await self._take_steered()
             await self._flush()
@@ -159,14 +176,58 @@ class Runner:
                     return TurnResult(user_message_id, stop, self._last_text(user_message_id))
                 continue
             step = history.step_count(user_message_id) + 1
-            last_step = self._max_steps is not None and step >= self._max_steps
-            stop, error = await self._step(user_message_id, step, last_step)
-            if stop is None and last_step:
-                stop = "max_steps"
+            final: StopReason | None = None
+            final_prompt = ""
+            spent = self._budget.spent() if self._budget is not None else None
+            if spent is not None:
+                final, final_prompt = "budget", BUDGET_PROMPT.format(reason=spent)
+            elif self._max_steps is not None and step >= self._max_steps:
+                final, final_prompt = "max_steps", MAX_STEPS_PROMPT
+            if self._too_big():
+                if compacted_at == step:
+                    return await self._stop(
+                        user_message_id,
+                        "overflow",
+                        "the context is still too large after compaction",
+                    )
+                compacted_at = step
+                stop, error = await self._compact(user_message_id, step)
+                if stop is not None:
+                    return await self._stop(user_message_id, stop, error)
+                continue
+            stop, error = await self._step(user_message_id, step, final_prompt)
+            if stop == "overflow" and compacted_at != step:
+                # The provider said the request does not fit: compact, then retry the step.
+                compacted_at = step
+                stop, error = await self._compact(user_message_id, step)
+                if stop is None:
+                    continue
+            if stop is None and final is not None:
+                stop = final
             if stop is not None:
                 await self._flush()
                 history.sync()
                 return TurnResult(user_message_id, stop, self._last_text(user_message_id), error)
+
+    async def _stop(
+        self, user_message_id: str, reason: StopReason, error: str | None
+    ) -> TurnResult:
+        await self._flush()
+        self._history.sync()
+        return TurnResult(user_message_id, reason, self._last_text(user_message_id), error)
+
+    def _too_big(self) -> bool:
+        limits = self._context.limits
+        return self._estimate() > limits.context - limits.reserve
+
+    def _estimate(self) -> int:
+        """Tokens the next request would take: the provider's count when there is one."""
+        history = self._history
+        estimate = history.estimate()
+        reported = history.reported_estimate()
+        if reported is not None:
+            estimate = max(estimate, reported)
+        return estimate + self._fixed_tokens
 
     def _last_text(self, user_message_id: str) -> str:
         steps = self._history.turn_steps(user_message_id)
@@ -179,8 +240,11 @@ class Runner:
     # --- one step ---------------------------------------------------------------------------
 
     async def _step(
-        self, user_message_id: str, step: int, last_step: bool
+        self, user_message_id: str, step: int, final_prompt: str
     ) -> tuple[StopReason | None, str | None]:
+        """One model reply and its tool calls. A ``final_prompt`` makes it the last step:
+        tools are disabled and the prompt (step limit, budget) says why."""
+        last_step = bool(final_prompt)
         session = self.session
         message = AssistantMessage(
             id=ids.message_id(),
@@ -205,14 +269,17 @@ class Runner:
         )
         request = ProviderRequest(
             model=self._model_name,
-            system=self._system + ((MAX_STEPS_PROMPT,) if last_step else ()),
-            messages=tuple(self._history.chat()),
+            system=self._system + ((final_prompt,) if last_step else ()),
+            messages=tuple(self._history.chat(prune_protect=self._context.prune_protect)),
             tools=() if last_step else self._tool_specs,
             tool_choice="none" if last_step else "auto",
             session_id=session.id,
             step=step,
+            assistant_turns=self._history.assistant_turns(),
         )
         log.info("step started", messages=len(request.messages))
+        if self._show_request:
+            await self._publish_request(request)
         state = _Stream(message)
         try:
             async with stream_with_retries(
@@ -232,7 +299,7 @@ class Runner:
             self._close_stream_parts(state)
             self._finish_message(state, error=str(error))
             log.warning("provider error", error=str(error))
-            return "error", str(error)
+            return ("overflow" if isinstance(error, ContextOverflowError) else "error"), str(error)
         finally:
             # On a cancel, keep what was streamed: the partial text is part of the record.
             if state.finish is None:
@@ -250,6 +317,103 @@ class Runner:
             if outcome.stop is not None:
                 return outcome.stop, None
         return None, None
+
+    async def _compact(
+        self, user_message_id: str, step: int
+    ) -> tuple[StopReason | None, str | None]:
+        """Replace the history before the recent messages with a summary the model writes.
+
+        The summary is stored as a compaction part of a message of its own; from then on
+        the model's view is that summary plus the messages kept verbatim. A summary that
+        does not make the context smaller stops the turn instead of looping.
+        """
+        history = self._history
+        session = self.session
+        before = self._estimate()
+        keep_from = history.keep_from(self._context.keep_tokens)
+        message = AssistantMessage(
+            id=ids.message_id(),
+            session_id=session.id,
+            parent_id=user_message_id,
+            agent=session.agent,
+            model=session.model,
+            step=step,
+            mode="compaction",
+            created=time.time(),
+        )
+        self._post([NewEvent("message.created", session.id, message.model_dump(mode="json"))])
+        request = ProviderRequest(
+            model=self._model_name,
+            system=(COMPACTION_SYSTEM,),
+            messages=(
+                *history.chat(prune_protect=self._context.prune_protect),
+                UserTurn(COMPACTION_PROMPT),
+            ),
+            tools=(),
+            tool_choice="none",
+            session_id=session.id,
+            step=step,
+            assistant_turns=history.assistant_turns(),
+        )
+        log.info("compacting", tokens=before, keep_from=keep_from)
+        state = _Stream(message)
+        pieces: list[str] = []
+        try:
+            async with stream_with_retries(
+                self._provider, request, policy=self._retry_policy, on_retry=self._on_retry
+            ) as events:
+                async for event in events:
+                    if isinstance(event, TextDelta):
+                        pieces.append(event.text)
+                    elif isinstance(event, Finish):
+                        state.finish = event
+        except ProviderError as error:
+            self._finish_message(state, error=str(error))
+            return "overflow", f"compaction failed: {error}"
+        summary = "".join(pieces).strip()
+        if state.finish is None or not summary:
+            self._finish_message(state, error="the compaction produced no summary")
+            return "overflow", "the compaction produced no summary"
+        part = CompactionPart(
+            id=ids.part_id(),
+            session_id=session.id,
+            message_id=message.id,
+            summary=summary,
+            keep_from=keep_from,
+            tokens_before=before,
+        )
+        self._post([NewEvent("part.created", session.id, part.model_dump(mode="json"))])
+        self._finish_message(state)
+        await self._flush()
+        history.sync()
+        after = self._estimate()
+        log.info("compacted", tokens_before=before, tokens_after=after)
+        if after >= before * 0.95:
+            return "overflow", (
+                f"compaction did not shrink the context ({before} -> {after} tokens); "
+                "the messages that must be kept do not fit the model's window"
+            )
+        return None, None
+
+    async def _publish_request(self, request: ProviderRequest) -> None:
+        """The exact request, for ``--show-request``: built only when someone asked."""
+        data = {
+            "step": request.step,
+            "model": request.model,
+            "system": [
+                {"source": source, "text": text}
+                for source, text in zip(
+                    [*self._system_sources, *(["final"] * len(request.system))],
+                    request.system,
+                    strict=False,
+                )
+            ],
+            "messages": [asdict(m) for m in request.messages],
+            "tools": [spec.name for spec in request.tools],
+            "tool_choice": request.tool_choice,
+        }
+        event = Event(None, time.time(), "step.request", self.session.id, data)
+        await self._feed.send(Publish((event,)))
 
     async def _rerun(self, parts: list[ToolPart]) -> StopReason | None:
         """Run again calls a restart interrupted and recovery judged safe to repeat."""
@@ -420,3 +584,5 @@ class Runner:
             ]
         )
         self._on_usage(tokens, cost)
+        if self._budget is not None:
+            self._budget.add(tokens, cost)

@@ -25,10 +25,13 @@ import structlog
 import trio
 
 from harness.actors.children import ChildSessions, Lineage
-from harness.actors.runner import Runner, environment_block
+from harness.actors.runner import ContextPolicy, Runner
 from harness.actors.tool_executor import ToolExecutor
 from harness.agents import get_agent
 from harness.config import Config
+from harness.context.budget import Budget
+from harness.context.limits import limits_for
+from harness.context.system import SystemBlock, assemble_system
 from harness.history import History
 from harness.messages import ids
 from harness.messages.events import Event, NewEvent, StopReason, TurnResult
@@ -51,7 +54,7 @@ from harness.messages.model import (
     ToolPending,
     UserMessage,
 )
-from harness.messages.provider import ToolSpec
+from harness.messages.provider import ProviderRequest, TextDelta, ToolSpec, UserTurn
 from harness.permissions.ruleset import DEFAULT_RULES, disabled_tools, merge
 from harness.providers import create_provider, split_model
 from harness.providers.base import Provider
@@ -87,6 +90,11 @@ RESTART_NOTE = (
     "before you repeat it."
 )
 MAX_RESUMES = 10
+TITLE_PROMPT = (
+    "Write a short title, at most 50 characters, for a coding session that starts with the "
+    "user's message below. Use the user's language. Answer with the title only: no quotes, "
+    "no punctuation at the end."
+)
 
 
 def close_open_work(
@@ -101,17 +109,21 @@ def close_open_work(
     Open tool parts become errors with ``reason``, except calls of the ``rerun`` tools
     (read-only and idempotent) in a step that finished streaming: those go back to
     ``pending`` so the runner runs them again. The assistant messages that owned closed
-    parts, or that never finished streaming, are marked with ``reason`` (aborted).
+    parts, or that never finished streaming, are marked with ``reason`` (aborted) — except
+    a message with calls going back to pending: its step goes on, and the runner only
+    runs the pending calls of a step that is not marked aborted.
     """
     now = time.time()
     events: list[NewEvent] = []
     owners: set[str] = set()
+    resumed: set[str] = set()
     unfinished = {m.id for m in ledger.assistant_messages(session_id, unfinished_or_in=set())}
     for part in ledger.open_tool_parts(session_id):
         state = part.state
         if part.tool in rerun and part.message_id not in unfinished:
             again = part.model_copy(update={"state": ToolPending(input=state.input)})
             events.append(NewEvent("part.updated", session_id, again.model_dump(mode="json")))
+            resumed.add(part.message_id)
             continue
         start = getattr(state, "start", now)
         closed = part.model_copy(
@@ -119,7 +131,7 @@ def close_open_work(
         )
         owners.add(part.message_id)
         events.append(NewEvent("part.updated", session_id, closed.model_dump(mode="json")))
-    for message in ledger.assistant_messages(session_id, unfinished_or_in=owners):
+    for message in ledger.assistant_messages(session_id, unfinished_or_in=owners - resumed):
         aborted = message.model_copy(
             update={"error": reason, "completed": message.completed or now}
         )
@@ -154,6 +166,13 @@ def abandon_turn(
     return events
 
 
+def _root_cause(error: BaseException) -> BaseException:
+    """The error inside the nurseries' wrapping: a reason must name what was raised."""
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error
+
+
 def derive_title(text: str, limit: int = 50) -> str:
     """The first line of the first prompt, cut on a word boundary to ``limit`` characters."""
     line = " ".join(text.strip().splitlines()[0].split()) if text.strip() else ""
@@ -184,6 +203,9 @@ class SessionActor:
         self._provider: Provider | None = None
         self._restarts: deque[float] = deque()
         self._state: Session | None = None
+        self._budget: Budget | None = None
+        self._nursery: trio.Nursery | None = None
+        self._system: list[SystemBlock] = []
 
     # --- mailbox ----------------------------------------------------------------------------
 
@@ -195,6 +217,7 @@ class SessionActor:
         self._bind_session_span()
         try:
             async with trio.open_nursery() as nursery:
+                self._nursery = nursery
                 nursery.start_soon(self._work)
                 task_status.started()
                 async with self._receive:
@@ -315,9 +338,47 @@ class SessionActor:
         # The claim is committed with the user message: from here a crash resumes the turn.
         events.append(NewEvent("turn.started", self.session_id, claim))
         await self._ledger.write(events)
-        # Derived, not asked of the model: a run sends no side requests.
+        # Derived, not asked of the model: a run sends no side requests by default.
         self._save(status="busy", error=None, title=session.title or derive_title(item.text))
+        if not session.title and self._services.config.title_model and self._nursery:
+            # Off the critical path: the turn never waits for the title, nor fails with it.
+            self._nursery.start_soon(self._write_title, item.text)
         await self._run_turn(item.id)
+
+    async def _write_title(self, prompt: str) -> None:
+        config = self._services.config
+        model = config.title_model or ""
+        try:
+            with trio.fail_after(30):
+                provider = (
+                    config.provider_factory(model)
+                    if config.provider_factory is not None
+                    else create_provider(model, base_url=config.base_url)
+                )
+                try:
+                    request = ProviderRequest(
+                        model=split_model(model)[1],
+                        system=(TITLE_PROMPT,),
+                        messages=(UserTurn(prompt[:2000]),),
+                        tools=(),
+                        tool_choice="none",
+                        session_id=self.session_id,
+                    )
+                    pieces: list[str] = []
+                    async with provider.stream(request) as events:
+                        async for event in events:
+                            if isinstance(event, TextDelta):
+                                pieces.append(event.text)
+                finally:
+                    if provider is not self._provider:
+                        await provider.aclose()
+        except (ProviderError, trio.TooSlowError) as error:
+            log.warning("title not written", error=str(error))
+            return
+        title = derive_title(" ".join("".join(pieces).strip().strip('"').split()))
+        if title:
+            self._save(title=title)
+            log.info("title written", title=title)
 
     async def _resume(self, message_id: str, resumes: int) -> None:
         """Carry on a turn that a crash interrupted, from what the ledger shows."""
@@ -341,6 +402,10 @@ class SessionActor:
         events = close_open_work(
             self._ledger, self.session_id, "interrupted by restart", rerun=read_only
         )
+        # Something the model asked for was cut off (a call, a stream): it must be told.
+        cut_off = any(
+            e.type == "message.updated" or e.data["state"]["status"] == "error" for e in events
+        )
         events.append(
             NewEvent(
                 "turn.resumed",
@@ -351,7 +416,8 @@ class SessionActor:
         await self._ledger.write(events)
         history = History(self._ledger, self.session_id)
         history.sync()
-        if history.answer_if_done(message_id) is None and not history.unanswered_calls(message_id):
+        done = history.answer_if_done(message_id) is not None
+        if not done and (cut_off or not history.unanswered_calls(message_id)):
             session = self._session()
             note = UserMessage(
                 id=ids.message_id(),
@@ -381,6 +447,17 @@ class SessionActor:
 
     async def _run_turn(self, message_id: str) -> None:
         structlog.contextvars.bind_contextvars(turn=message_id)
+        config = self._services.config
+        if self._parent_span is not None:
+            self._budget = self._lineage.budget  # a child spends its tree's budget
+        else:
+            budget = Budget(config.budget_tokens, config.budget_cost, config.budget_time)
+            self._budget = budget if budget.limited else None
+        # Built once per turn: git status and AGENTS.md do not change between steps.
+        session = self._session()
+        self._system = await assemble_system(
+            get_agent(session.agent).prompt, Path(session.directory), config.home
+        )
         log.info("turn started")
         result: TurnResult | None = None
         try:
@@ -417,7 +494,11 @@ class SessionActor:
                 return await self._stopped(user_message_id, "error", str(error))
             except Exception as error:
                 log.exception("runner crashed")
+                cause = _root_cause(error)
                 with trio.CancelScope(shield=True):
+                    # Let the runner's posted writes land first: close_open_work reads
+                    # the ledger, and a step it cannot see yet would stay open.
+                    await self._ledger.flush()
                     await self._ledger.write(
                         close_open_work(self._ledger, self.session_id, "interrupted")
                     )
@@ -425,7 +506,7 @@ class SessionActor:
                     reason = (
                         f"the runner crashed {len(self._restarts)} times within "
                         f"{self._services.config.restart_window:.0f} s: "
-                        f"{type(error).__name__}: {error}"
+                        f"{type(cause).__name__}: {cause}"
                     )
                     self._set_status("error", reason)
                     return TurnResult(user_message_id, "error", "", reason)
@@ -443,6 +524,7 @@ class SessionActor:
     async def _stopped(self, user_message_id: str, reason: StopReason, error: str) -> TurnResult:
         with trio.CancelScope(shield=True):
             self._services.permission.send_nowait(ClearSession(self.session_id))
+            await self._ledger.flush()  # the stopped runner's posts, before reading
             await self._ledger.write(close_open_work(self._ledger, self.session_id, error))
         return TurnResult(user_message_id, reason, "", error)
 
@@ -475,13 +557,16 @@ class SessionActor:
             ledger=self._ledger,
             permission=services.permission,
             output_dir=config.tool_output_dir,
-            subtasks=ChildSessions(services, session, self._lineage, self._children),
+            subtasks=ChildSessions(
+                services, session, self._lineage, self._children, self._budget
+            ),
         )
         runner = Runner(
             session=session,
             model_name=model_name,
             provider=self._provider,
-            system=(agent.prompt, environment_block(session.directory)),
+            system=[block.text for block in self._system],
+            system_sources=[block.source for block in self._system],
             tool_specs=[services.tool_specs[name] for name in tools],
             max_steps=config.max_steps or agent.steps,
             ledger_history=history,
@@ -495,6 +580,13 @@ class SessionActor:
             retry_policy=RetryPolicy(
                 max_attempts=config.retry_attempts, initial_delay=config.retry_initial_delay
             ),
+            context=ContextPolicy(
+                limits=limits_for(session.model, config.model_limits),
+                keep_tokens=config.compaction_keep_tokens,
+                prune_protect=config.prune_protect_tokens,
+            ),
+            budget=self._budget,
+            show_request=config.show_request,
         )
         async with trio.open_nursery() as nursery:
             await nursery.start(executor.run)

@@ -39,9 +39,10 @@ EventType = Literal[
     "part.delta",
     "session.retry",
     "feed.overflow",
+    "step.request",
 ]
 
-EPHEMERAL_TYPES: Final = frozenset({"part.delta", "session.retry", "feed.overflow"})
+EPHEMERAL_TYPES: Final = frozenset({"part.delta", "session.retry", "feed.overflow", "step.request"})
 
 
 @dataclass(slots=True, frozen=True)
@@ -79,7 +80,9 @@ class Event:
 
 
 # Why a turn ended: the run's stop reason (DESIGN §1, rule 3).
-StopReason = Literal["answered", "max_steps", "doom_loop", "denied", "error", "cancelled"]
+StopReason = Literal[
+    "answered", "max_steps", "doom_loop", "budget", "overflow", "denied", "error", "cancelled"
+]
 
 
 @dataclass(slots=True, frozen=True)

@@ -83,6 +83,8 @@ class AssistantMessage(_Model):
     agent: str
     model: str
     step: int
+    # "compaction": the message holds a summary of the history before it, not a step.
+    mode: Literal["step", "compaction"] = "step"
     finish: str | None = None
     error: str | None = None
     tokens: Tokens = Field(default_factory=Tokens)
@@ -192,6 +194,9 @@ class PatchPart(_PartBase):
 class CompactionPart(_PartBase):
     type: Literal["compaction"] = "compaction"
     summary: str
+    # The first message kept verbatim after the summary (None: none before this one).
+    keep_from: str | None = None
+    tokens_before: int = 0
 
 
 class SubtaskPart(_PartBase):

@@ -66,6 +66,9 @@ class ProviderRequest:
     temperature: float | None = None
     session_id: str = ""
     step: int = 0
+    # How many assistant replies the session's whole history holds, summarized ones
+    # included: the one count of progress that compaction does not change.
+    assistant_turns: int = 0
 
 
 # --- stream events -------------------------------------------------------------------------

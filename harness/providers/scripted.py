@@ -173,7 +173,11 @@ class ScriptedProvider:
         first = next((m.text for m in request.messages if isinstance(m, UserTurn)), "")
         key = first if first in self.subtasks else ""
         turns = self.subtasks[key] if key else self.turns
-        index = sum(1 for message in request.messages if isinstance(message, AssistantTurn))
+        # Progress through the script is the number of replies the history holds (the
+        # runner counts them across compactions); a bare request counts its own.
+        index = request.assistant_turns or sum(
+            1 for message in request.messages if isinstance(message, AssistantTurn)
+        )
         if index >= len(turns):
             raise BadRequestError(
                 f"the script has {len(turns)} turns and turn {index + 1} was asked for"

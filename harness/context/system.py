@@ -1,0 +1,99 @@
+"""The system prompt, assembled in a fixed, documented order from named sources.
+
+1. ``agent``        the agent's own prompt (build, plan, general)
+2. ``environment``  working directory, platform, date, and git state in short
+3. ``AGENTS.md``    the project's instructions (the session directory, then its parents up
+                    to the repository root: the nearest file wins)
+4. ``global``       the user's own ``$HARNESS_HOME/AGENTS.md``
+
+Each block keeps its source, so ``--show-request`` can say where every line came from.
+It is built once per turn: a ``git status`` per step would cost more than the step.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+MAX_INSTRUCTIONS_BYTES = 64 * 1024
+MAX_STATUS_LINES = 20
+
+
+@dataclass(frozen=True, slots=True)
+class SystemBlock:
+    source: str  # "agent", "environment", "AGENTS.md: /path", "global: /path", ...
+    text: str
+
+
+async def _git(directory: Path, *args: str) -> str | None:
+    try:
+        result = await trio.run_process(
+            ["git", *args],
+            cwd=directory,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            stdin=b"",
+        )
+    except OSError:  # git is not installed
+        return None
+    if result.returncode != 0:
+        return None
+    return result.stdout.decode("utf-8", "replace")
+
+
+async def environment_block(directory: Path) -> SystemBlock:
+    lines = [
+        f"Working directory: {directory}",
+        f"Platform: {platform.system().lower()}",
+        f"Today's date: {time.strftime('%Y-%m-%d')}",
+    ]
+    root = await _git(directory, "rev-parse", "--show-toplevel")
+    if root is None:
+        lines.append("Git repository: no")
+    else:
+        lines.append(f"Git repository: yes (root {root.strip()})")
+        status = await _git(directory, "status", "--short", "--branch")
+        if status is not None:
+            rows = status.splitlines()
+            shown = rows[:MAX_STATUS_LINES]
+            if len(rows) > len(shown):
+                shown.append(f"... and {len(rows) - len(shown)} more changed files")
+            lines.append("Git status:\n" + ("\n".join(shown) if shown else "(clean)"))
+    return SystemBlock("environment", "<environment>\n" + "\n".join(lines) + "\n</environment>")
+
+
+def _instructions(path: Path, source: str) -> SystemBlock | None:
+    try:
+        raw = path.read_bytes()[:MAX_INSTRUCTIONS_BYTES]
+    except OSError:
+        return None
+    text = raw.decode("utf-8", "replace").strip()
+    if not text:
+        return None
+    return SystemBlock(
+        f"{source}: {path}", f'<instructions source="{path}">\n{text}\n</instructions>'
+    )
+
+
+def project_instructions(directory: Path) -> SystemBlock | None:
+    """The nearest AGENTS.md from the session directory up to the repository root."""
+    for folder in (directory, *directory.parents):
+        block = _instructions(folder / "AGENTS.md", "AGENTS.md")
+        if block is not None:
+            return block
+        if (folder / ".git").exists():
+            break
+    return None
+
+
+async def assemble_system(agent_prompt: str, directory: Path, home: Path) -> list[SystemBlock]:
+    blocks = [SystemBlock("agent", agent_prompt), await environment_block(directory)]
+    for block in (project_instructions(directory), _instructions(home / "AGENTS.md", "global")):
+        if block is not None:
+            blocks.append(block)
+    return blocks
