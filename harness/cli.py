@@ -91,6 +91,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--durability", choices=("normal", "full"), help=_DURABILITY_HELP)
     run.add_argument(
+        "--budget-tokens", type=int, metavar="N", help="stop the run (and its subtasks) at N tokens"
+    )
+    run.add_argument("--budget-cost", type=float, metavar="USD", help="stop the run at this cost")
+    run.add_argument(
+        "--budget-time", type=float, metavar="SECONDS", help="stop the run after this long"
+    )
+    run.add_argument(
+        "--show-request",
+        action="store_true",
+        help="print each exact model request on stderr, every system block with its source",
+    )
+    run.add_argument(
         "--record",
         metavar="FILE",
         help="write every provider exchange to this JSON-lines cassette (replay:FILE plays it)",
@@ -240,6 +252,10 @@ def _prompt_text(args: argparse.Namespace) -> str:
 def _run(args: argparse.Namespace) -> int:
     if args.max_steps is not None and args.max_steps < 1:
         raise UsageError("--max-steps must be at least 1")
+    for flag in ("budget_tokens", "budget_cost", "budget_time"):
+        value = getattr(args, flag)
+        if value is not None and not value > 0:
+            raise UsageError(f"--{flag.replace('_', '-')} must be more than 0")
     text = _prompt_text(args)
     rules = _rules(args)
     directory = Path(args.dir).expanduser()
@@ -265,6 +281,10 @@ def _run(args: argparse.Namespace) -> int:
         interactive=interactive,
         durability=args.durability,
         record=record,
+        budget_tokens=args.budget_tokens,
+        budget_cost=args.budget_cost,
+        budget_time=args.budget_time,
+        show_request=args.show_request or None,
     )
     config.log_file = config.home / "logs" / f"run-{time.strftime('%Y%m%d')}.jsonl"
     return trio.run(_run_async, config, args, text, directory)
@@ -289,6 +309,9 @@ def _daemon_can_take(args: argparse.Namespace) -> bool:
     session, and rules given with ``--session`` would have to change an existing session.
     """
     rules_given = bool(args.yes or args.allow or args.deny)
+    budgets = (args.budget_tokens, args.budget_cost, args.budget_time)
+    if args.show_request or any(limit is not None for limit in budgets):
+        return False  # these configure this process's harness
     if args.record is not None:
         return False  # the cassette records this process's provider calls
     if args.durability is not None:
@@ -368,6 +391,8 @@ class _Display:
             elif state["status"] == "error":
                 first = str(state.get("error", "")).splitlines()[0:1]
                 print(f"✗ {tool}: {first[0] if first else 'error'}", file=self._err, flush=True)
+        elif event.type == "step.request":
+            print(json.dumps(data, indent=2, ensure_ascii=False), file=self._err, flush=True)
         elif event.type == "session.retry":
             wait = max(0.0, float(data.get("next", 0)) - time.time())
             print(

@@ -77,8 +77,13 @@ def _session_node(ledger: Ledger, session: Session) -> dict[str, Any]:
                 "children": subtasks,
             }
         )
+    below = [child for step in steps for tool in step["tools"] for child in tool["children"]]
+    below += [child for step in steps for child in step["children"]]
     return {
         "session_id": session.id,
+        # The whole tree's spending: this session's plus every descendant's.
+        "tree_tokens": session.tokens.total + sum(c["tree_tokens"] for c in below),
+        "tree_cost": session.cost + sum(c["tree_cost"] for c in below),
         "parent_id": session.parent_id,
         "title": session.title,
         "agent": session.agent,
@@ -133,9 +138,12 @@ def _render_session(
 ) -> None:
     label = f"{node['session_id']} (child)" if child else f'{node["session_id"]}  "{node["title"]}"'
     width = max(8, 52 - len(first))
+    tree = ""
+    if not child and node["tree_tokens"] != node["tokens"]:
+        tree = f"  (tree: {_tokens(node['tree_tokens'])}, ${node['tree_cost']:.3f})"
     lines.append(
         f"{first}{label:<{width}} {node['duration']:>7.2f} s  {_tokens(node['tokens']):>10}  "
-        f"${node['cost']:.3f}  {node['reason'] or node['status']}"
+        f"${node['cost']:.3f}  {node['reason'] or node['status']}{tree}"
     )
     rows = [row for step in node["steps"] for row in _step_rows(step)]
     for index, (text, children) in enumerate(rows):

@@ -222,3 +222,31 @@ def test_trace_draws_the_tree_and_prints_json(tmp_path: Path, project: Path) -> 
     data = json.loads(harness(tmp_path, "trace", "--json", root["id"]).stdout)
     assert data["steps"][0]["tools"][0]["children"][0]["session_id"] == child["id"]
     assert harness(tmp_path, "trace", "ses_missing").returncode == 2
+
+
+def test_budget_flags_stop_the_run_with_exit_3(tmp_path: Path, project: Path) -> None:
+    read = {"tool_calls": [{"name": "read", "arguments": {"path": "notes.txt"}}]}
+    model = _script(
+        tmp_path,
+        [
+            {**read, "usage": {"input": 40, "output": 20}},
+            {"text": "budget summary", "usage": {"input": 1, "output": 1}},
+        ],
+    )
+    result = harness(
+        tmp_path, "run", "--budget-tokens", "50", "--model", model, "--dir", str(project), "go"
+    )
+    assert result.returncode == 3, result.stderr
+    assert result.stdout == "budget summary\n"
+    assert "stopped (budget)" in result.stderr
+
+
+def test_show_request_prints_each_request_with_its_sources(tmp_path: Path, project: Path) -> None:
+    (project / "AGENTS.md").write_text("Use tabs.\n")
+    model = _script(tmp_path, [{"text": "ok"}])
+    result = harness(
+        tmp_path, "run", "--show-request", "--model", model, "--dir", str(project), "hi"
+    )
+    assert result.returncode == 0, result.stderr
+    assert '"source": "environment"' in result.stderr
+    assert "Use tabs." in result.stderr and "AGENTS.md" in result.stderr
