@@ -32,57 +32,92 @@ DONE = "[DONE]"
 _EOL = re.compile(rb"\r\n|\r|\n")
 
 
-async def _lines(chunks: AsyncIterable[bytes]) -> AsyncGenerator[bytes, None]:
-    pending = b""
-    async for chunk in chunks:
-        if not chunk:
-            continue
-        pending += chunk
-        parts = _EOL.split(pending)
+class SSEDecoder:
+    """Incremental SSE: ``feed`` the body's bytes, get back the ``data`` payloads they complete.
+
+    Multi-line data is joined with ``\\n``; comments and the other fields (``event``,
+    ``id``, ``retry``) are skipped: the chat completion streams we read put everything in
+    ``data``. ``[DONE]`` sets ``done`` and nothing after it is returned. A plain class
+    rather than a chain of async generators: every generator level costs on each
+    suspension of the stream, and a streamed reply suspends once or twice per chunk.
+    """
+
+    __slots__ = ("_data", "_pending", "done")
+
+    def __init__(self) -> None:
+        self._pending = b""
+        self._data: list[str] = []
+        self.done = False
+
+    def feed(self, chunk: bytes) -> list[str]:
+        out: list[str] = []
+        if not chunk or self.done:
+            return out
+        parts = _EOL.split(self._pending + chunk if self._pending else chunk)
         pending = parts.pop()
         # A CR that ends a read may be the first half of a CRLF split across reads.
         if pending == b"" and chunk.endswith(b"\r"):
-            last = parts.pop()
-            pending = last + b"\r"
+            pending = parts.pop() + b"\r"
+        self._pending = pending
         for line in parts:
-            yield line
-    # An unterminated last line is a cut, not data: dropping it turns a connection lost
-    # mid-chunk into a truncated stream (retryable) instead of a malformed chunk.
-    if pending.endswith(b"\r"):
-        yield pending[:-1]
+            if self._line(line, out):
+                break
+        return out
+
+    def end(self) -> list[str]:
+        """The payloads the end of the body completes."""
+        out: list[str] = []
+        # An unterminated last line is a cut, not data: dropping it turns a connection
+        # lost mid-chunk into a truncated stream (retryable) instead of a malformed chunk.
+        if not self.done and self._pending.endswith(b"\r"):
+            self._line(self._pending[:-1], out)
+        self._pending = b""
+        if not self.done and self._data:
+            payload = "\n".join(self._data)
+            self._data = []
+            if payload != DONE:
+                out.append(payload)
+        return out
+
+    def _line(self, raw: bytes, out: list[str]) -> bool:
+        """Take one line; True once ``[DONE]`` ends the stream."""
+        if not raw:
+            if self._data:
+                payload = "\n".join(self._data)
+                self._data = []
+                if payload == DONE:
+                    self.done = True
+                    return True
+                out.append(payload)
+            return False
+        if raw[0] == 0x3A:  # ":" starts a comment
+            return False
+        name, sep, value = raw.partition(b":")
+        if name != b"data":
+            return False
+        if sep and value.startswith(b" "):
+            value = value[1:]
+        self._data.append(value.decode("utf-8", "replace"))
+        return False
 
 
 async def aiter_sse_data(chunks: AsyncIterable[bytes]) -> AsyncGenerator[str, None]:
-    """Yield each event's ``data`` (multi-line data joined with ``\\n``) until ``[DONE]``.
-
-    Comments and the other fields (``event``, ``id``, ``retry``) are skipped: the chat
-    completion streams we read put everything in ``data``.
-    """
-    data: list[str] = []
-    async for raw in _lines(chunks):
-        if not raw:
-            if data:
-                payload = "\n".join(data)
-                data = []
-                if payload == DONE:
-                    return
-                yield payload
-            continue
-        if raw.startswith(b":"):
-            continue
-        field, sep, value = raw.partition(b":")
-        if field != b"data":
-            continue
-        if sep and value.startswith(b" "):
-            value = value[1:]
-        data.append(value.decode("utf-8", "replace"))
-    if data:
-        payload = "\n".join(data)
-        if payload != DONE:
+    """Yield each event's ``data`` until ``[DONE]`` (see ``SSEDecoder``)."""
+    decoder = SSEDecoder()
+    async for chunk in chunks:
+        for payload in decoder.feed(chunk):
             yield payload
+        if decoder.done:
+            return
+    for payload in decoder.end():
+        yield payload
 
 
 def sse_data(response: httpx.Response) -> AsyncGenerator[str, None]:
+    # The raw body skips httpx's decoder and re-chunker when there is nothing to decode.
+    identity = response.headers.get("content-encoding", "identity").strip().lower()
+    if identity == "identity":
+        return aiter_sse_data(response.aiter_raw())
     return aiter_sse_data(response.aiter_bytes())
 
 
