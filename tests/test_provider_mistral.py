@@ -502,3 +502,20 @@ def test_sdk_models_still_exist_with_the_fields_we_use() -> None:
     for name, fields in expected.items():
         model = getattr(models, name)
         assert fields <= set(model.model_fields), name
+
+
+def test_the_unset_sentinel_is_its_own_copy_and_chunks_still_validate() -> None:
+    import copy
+
+    from mistralai.client.types import UNSET
+
+    import harness.providers.mistral  # installs the copy
+
+    assert copy.deepcopy(UNSET) is UNSET
+    parsed = harness.providers.mistral.CompletionChunk.model_validate_json(
+        '{"id": "c", "model": "m", "choices": [{"index": 0, "delta": {"content": "x"},'
+        ' "finish_reason": null}]}'
+    )
+    assert parsed.choices[0].delta.content == "x"
+    assert parsed.choices[0].delta.tool_calls is UNSET
+    assert "tool_calls" not in parsed.model_dump(by_alias=True)["choices"][0]["delta"]
