@@ -1,5 +1,5 @@
 """The command line (DESIGN §9): ``serve``, ``run``, ``sessions``, ``show``, ``events``,
-``cancel``, ``approve``, ``deny``.
+``cancel``, ``approve``, ``deny``, ``answer``.
 
 Only the standard library is imported at module level: ``harness --help`` must answer in
 well under 100 ms, and each command imports what it needs when it runs. The commands that
@@ -146,6 +146,21 @@ def _parser() -> argparse.ArgumentParser:
     deny.add_argument("permission", help="the permission request id (per_…)")
     deny.add_argument("--message", help="feedback the model sees (the turn then continues)")
     deny.add_argument("--json", action="store_true", help="print JSON")
+
+    answer = commands.add_parser(
+        "answer",
+        help="answer a pending question",
+        description="Answer a question the model asked: one ANSWER per question, in order. "
+        "An answer is an option's label or number, several separated by commas when the "
+        "question allows more than one, or text of your own.",
+    )
+    answer.add_argument("question", help="the question id (que_…)")
+    answer.add_argument("answers", nargs="*", metavar="ANSWER", help="one answer per question")
+    answer.add_argument("--reject", action="store_true", help="dismiss the question instead")
+    answer.add_argument(
+        "--message", help="with --reject: feedback the model sees (the turn then continues)"
+    )
+    answer.add_argument("--json", action="store_true", help="print JSON")
     return parser
 
 
@@ -162,6 +177,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         "cancel": _cancel,
         "approve": _approve,
         "deny": _deny,
+        "answer": _answer,
     }
     try:
         command = commands.get(args.command)
@@ -393,6 +409,8 @@ class _Display:
                 print(f"✗ {tool}: {first[0] if first else 'error'}", file=self._err, flush=True)
         elif event.type == "step.request":
             print(json.dumps(data, indent=2, ensure_ascii=False), file=self._err, flush=True)
+        elif event.type == "todo.updated":
+            print(todo_lines(data.get("todos") or [], indent="  "), file=self._err, flush=True)
         elif event.type == "session.retry":
             wait = max(0.0, float(data.get("next", 0)) - time.time())
             print(
@@ -451,6 +469,8 @@ class _Progress:
             self._view.show(event)
             if event.type == "permission.asked" and self._interactive:
                 nursery.start_soon(self._ask, event)
+            if event.type == "question.asked" and self._interactive:
+                nursery.start_soon(self._ask_question, event)
             if event.type == "turn.finished" and event.data.get("message_id") == message_id:
                 return self._view.finish(event)
         print("harness: the event stream ended before the answer", file=sys.stderr)
@@ -463,6 +483,41 @@ class _Progress:
         line = await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
         reply, message = _parse_answer(line)
         await self._h.reply_permission(event.data["id"], reply, message)  # type: ignore[arg-type]
+
+    async def _ask_question(self, event: Event) -> None:
+        import trio
+
+        child = event.session_id if event.session_id != self._view.session_id else None
+        answers = await trio.to_thread.run_sync(
+            _ask_at_terminal, event.data, child, abandon_on_cancel=True
+        )
+        if answers is None:
+            await self._h.reject_question(event.data["id"])
+        else:
+            await self._h.answer_question(event.data["id"], answers)
+
+
+def _ask_at_terminal(data: dict[str, Any], child: str | None) -> list[list[str]] | None:
+    """Ask each question of a ``question.asked`` event; None when the user dismisses them."""
+    texts: list[str] = []
+    for index in range(len(data["questions"])):
+        print(question_prompt(data, index, child), end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline().strip()
+        if not line:
+            return None
+        texts.append(line)
+    return shape_answers(data["questions"], texts)
+
+
+def todo_lines(todos: list[dict[str, Any]], indent: str = "") -> str:
+    """A task list as ``show`` and ``run`` print it: ``[x] write tests (high)``."""
+    marks = {"pending": "[ ]", "in_progress": "[>]", "completed": "[x]", "cancelled": "[-]"}
+    done = sum(t.get("status") == "completed" for t in todos)
+    lines = [f"todos: {done}/{len(todos)} completed"]
+    for todo in todos:
+        mark = marks.get(todo.get("status", ""), "[?]")
+        lines.append(f"{indent}{mark} {todo.get('content')} ({todo.get('priority', 'medium')})")
+    return "\n".join(lines)
 
 
 def _summary(state: dict[str, Any]) -> str:
@@ -558,6 +613,8 @@ class _DaemonTurn:
                         self._view.show(event)
                     if event.type == "permission.asked":
                         self._answer(event)
+                    if event.type == "question.asked":
+                        self._answer_question(event)
                     if event.type == "turn.finished" and event.data.get("message_id") == message_id:
                         return self._view.finish(event)
             except KeyboardInterrupt:
@@ -600,6 +657,34 @@ class _DaemonTurn:
                 print(f"✗ {data['tool']}: the call was rejected: {hint}", file=sys.stderr)
         try:
             self._client.reply_permission(data["id"], reply, message)
+        except ApiError as error:
+            if error.status != 404:  # 404: someone else answered it first
+                raise
+
+    def _answer_question(self, event: WireEvent) -> None:
+        from harness.client import ApiError
+
+        data = event.data
+        if data["id"] in self._asked:
+            return  # replayed after a reconnect: answered already
+        self._asked.add(data["id"])
+        try:
+            if self._interactive:
+                child = event.session_id if event.session_id != self._view.session_id else None
+                answers = _ask_at_terminal(data, child)
+                if answers is None:
+                    self._client.reject_question(data["id"])
+                else:
+                    self._client.answer_question(data["id"], answers)
+                return
+            # Nobody to ask: the call fails at once and the model carries on, as embedded.
+            from harness.messages.question import NO_TERMINAL
+
+            self._rejected_calls.add(data["call_id"])
+            if not self._view.json:
+                line = f"✗ question: the question could not be asked: {NO_TERMINAL}"
+                print(line, file=sys.stderr)
+            self._client.reject_question(data["id"], NO_TERMINAL)
         except ApiError as error:
             if error.status != 404:  # 404: someone else answered it first
                 raise
@@ -706,7 +791,7 @@ def _transcript_from_daemon(client: Client, session_id: str) -> Any:
     from harness.client import ApiError
 
     try:
-        return client.session(session_id), client.messages(session_id)
+        return client.session(session_id), client.messages(session_id), client.todos(session_id)
     except ApiError as error:
         if error.status == 404:
             raise UsageError(error.message) from error
@@ -735,10 +820,11 @@ def _show(args: argparse.Namespace) -> int:
         found = (
             stored.model_dump(mode="json"),
             [m.model_dump(mode="json") for m in ledger.messages(stored.id)],
+            [t.model_dump(mode="json") for t in ledger.todos(stored.id)],
         )
-    session, transcript = found
+    session, transcript, todos = found
     if args.json:
-        print(json.dumps({"session": session, "messages": transcript}, indent=2))
+        print(json.dumps({"session": session, "messages": transcript, "todos": todos}, indent=2))
         return EXIT_OK
     print(f"{session['id']}  {session['status']}  {session['model']}  {session['directory']}")
     for entry in transcript:
@@ -749,6 +835,8 @@ def _show(args: argparse.Namespace) -> int:
             _print_part(part)
         if info["role"] == "assistant" and info.get("error"):
             print(f"[error: {info['error']}]")
+    if todos:
+        print("\n── " + todo_lines(todos, indent="  "))
     return EXIT_OK
 
 
@@ -818,3 +906,66 @@ def _approve(args: argparse.Namespace) -> int:
 def _deny(args: argparse.Namespace) -> int:
     _require_daemon().reply_permission(args.permission, "reject", args.message)
     return _print_result(args, {"id": args.permission, "reply": "reject"}, "denied")
+
+
+def _answer(args: argparse.Namespace) -> int:
+    if args.reject == bool(args.answers):
+        raise UsageError("give one ANSWER per question, or --reject")
+    if args.message is not None and not args.reject:
+        raise UsageError("--message goes with --reject")
+    client = _require_daemon()
+    if args.reject:
+        client.reject_question(args.question, args.message)
+        return _print_result(args, {"id": args.question, "rejected": True}, "dismissed")
+    pending = {q["id"]: q for q in client.questions()}
+    request = pending.get(args.question)
+    if request is None:
+        raise UsageError(f"no pending question {args.question}")
+    answers = shape_answers(request["questions"], args.answers)
+    client.answer_question(args.question, answers)
+    return _print_result(args, {"id": args.question, "answers": answers}, "answered")
+
+
+def shape_answers(questions: list[dict[str, Any]], texts: Sequence[str]) -> list[list[str]]:
+    """Typed answers, one per question, as the labels the API takes.
+
+    A number picks that option; a label is matched without regard to case; a question
+    that allows several answers takes them separated by commas; anything else is the
+    user's own answer, kept as typed.
+    """
+    if len(texts) != len(questions):
+        raise UsageError(
+            f"{len(questions)} question(s) asked and {len(texts)} answer(s) given: "
+            "give one ANSWER per question, in order (quote an answer that has spaces)"
+        )
+    shaped: list[list[str]] = []
+    for info, text in zip(questions, texts, strict=True):
+        labels = [str(o["label"]) for o in info.get("options") or []]
+        pieces = text.split(",") if info.get("multiple") else [text]
+        chosen: list[str] = []
+        for piece in (p.strip() for p in pieces):
+            if not piece:
+                continue
+            if piece.isdigit() and 1 <= int(piece) <= len(labels):
+                piece = labels[int(piece) - 1]
+            else:
+                piece = next((label for label in labels if label.lower() == piece.lower()), piece)
+            chosen.append(piece)
+        shaped.append(chosen)
+    return shaped
+
+
+def question_prompt(data: dict[str, Any], index: int, child: str | None) -> str:
+    """One question of a ``question.asked`` event, as the terminal shows it."""
+    info = data["questions"][index]
+    count = len(data["questions"])
+    head = f"[{info['header']}] " if info.get("header") else ""
+    where = f" (session {child})" if child else ""
+    number = f" ({index + 1}/{count})" if count > 1 else ""
+    lines = [f"\n? {head}{info['question']}{number}{where}"]
+    for n, option in enumerate(info.get("options") or [], 1):
+        detail = f" — {option['description']}" if option.get("description") else ""
+        lines.append(f"  {n}. {option['label']}{detail}")
+    several = "numbers or labels, comma-separated" if info.get("multiple") else "a number or label"
+    lines.append(f"  answer with {several}, or your own words (empty line dismisses): ")
+    return "\n".join(lines)

@@ -168,6 +168,26 @@ class Client:
             body["message"] = message
         self.request("POST", f"/v1/permissions/{quote(request_id)}", body)
 
+    def todos(self, session_id: str) -> list[dict[str, Any]]:
+        answer: list[dict[str, Any]] = self.request(
+            "GET", f"/v1/sessions/{quote(session_id)}/todos"
+        )
+        return answer
+
+    def questions(self, session_id: str | None = None) -> list[dict[str, Any]]:
+        query = f"?{urlencode({'session': session_id})}" if session_id else ""
+        answer: list[dict[str, Any]] = self.request("GET", f"/v1/questions{query}")
+        return answer
+
+    def answer_question(self, request_id: str, answers: list[list[str]]) -> None:
+        self.request("POST", f"/v1/questions/{quote(request_id)}", {"answers": answers})
+
+    def reject_question(self, request_id: str, message: str | None = None) -> None:
+        body: dict[str, Any] = {"reject": True}
+        if message is not None:
+            body["message"] = message
+        self.request("POST", f"/v1/questions/{quote(request_id)}", body)
+
     def events(self, session_id: str | None = None, after: int | None = None) -> EventStream:
         return EventStream(self.socket_path, session_id=session_id, after=after)
 

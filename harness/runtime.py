@@ -6,6 +6,7 @@ It starts the same actor tree the daemon runs::
     ├── ledger writer     the only connection that writes
     ├── EventFeed         committed and live events to subscribers
     ├── Permission        rules, asks, replies, "always" approvals
+    ├── Question          questions the model asks the user, until answered
     └── Supervisor        one SessionActor per active session
         └── SessionActor → Runner → ToolExecutor
 
@@ -27,6 +28,7 @@ import trio
 
 from harness.actors.event_feed import EventFeed, overflow_event
 from harness.actors.permission import Permission
+from harness.actors.question import Question
 from harness.actors.session import SessionServices
 from harness.actors.supervisor import Supervisor
 from harness.agents import get_agent
@@ -35,9 +37,11 @@ from harness.logs import configure_logging
 from harness.messages import ids
 from harness.messages.events import Event, NewEvent, TurnResult
 from harness.messages.mailbox import (
+    AnswerQuestion,
     CancelSession,
     FeedMessage,
     ListPending,
+    ListQuestions,
     RegisterChild,
     ReplyPermission,
     Subscribe,
@@ -47,6 +51,8 @@ from harness.messages.mailbox import (
 )
 from harness.messages.model import Delivery, InboxItem, MessageWithParts, Rule, Session
 from harness.messages.permission import PermissionRequest, Reply
+from harness.messages.question import Answers, QuestionRequest
+from harness.messages.todo import Todo
 from harness.providers import split_model
 from harness.storage.ledger import Ledger
 from harness.tools.registry import builtin_tools, tool_specs
@@ -71,11 +77,13 @@ class Harness:
         feed: trio.MemorySendChannel[FeedMessage],
         permission: Permission,
         supervisor: Supervisor,
+        question: Question,
     ) -> None:
         self.config = config
         self.ledger = ledger
         self._feed = feed
         self._permission = permission
+        self._question = question
         self._supervisor = supervisor
         self.closing = False  # set when the block ends: a closed feed is then no overflow
 
@@ -134,6 +142,11 @@ class Harness:
     async def messages(self, session_id: str) -> list[MessageWithParts]:
         self.session(session_id)
         return self.ledger.messages(session_id)
+
+    def todos(self, session_id: str) -> list[Todo]:
+        """The session's task list, as its model last wrote it with ``todowrite``."""
+        self.session(session_id)
+        return self.ledger.todos(session_id)
 
     async def delete_session(self, session_id: str) -> None:
         """Drop queued input, cancel a running turn, then delete the session's rows.
@@ -273,6 +286,41 @@ class Harness:
         await self._permission.mailbox.send(ReplyPermission(request_id, reply, message, done_send))
         return await done_receive.receive()
 
+    # --- questions --------------------------------------------------------------------------
+
+    async def pending_questions(self, session_id: str | None = None) -> list[QuestionRequest]:
+        reply_send, reply_receive = trio.open_memory_channel[list[QuestionRequest]](1)
+        await self._question.mailbox.send(ListQuestions(session_id, reply_send))
+        return await reply_receive.receive()
+
+    async def answer_question(self, request_id: str, answers: Answers) -> bool:
+        """Answer a pending question set: one list of labels (or free text) per question.
+
+        False when no such question is pending; ``HarnessError`` when the answers do not
+        fit the questions (the question stays pending).
+        """
+        return await self._settle_question(request_id, answers, None)
+
+    async def reject_question(self, request_id: str, message: str | None = None) -> bool:
+        """Dismiss a pending question set; False when none is pending.
+
+        Without a ``message`` the turn stops, as after a rejected permission; with one the
+        model reads it and carries on.
+        """
+        return await self._settle_question(request_id, None, message)
+
+    async def _settle_question(
+        self, request_id: str, answers: Answers | None, message: str | None
+    ) -> bool:
+        done_send, done_receive = trio.open_memory_channel[str | None](1)
+        await self._question.mailbox.send(AnswerQuestion(request_id, answers, message, done_send))
+        problem = await done_receive.receive()
+        if problem == "not_found":
+            return False
+        if problem is not None:
+            raise HarnessError(f"answers for {request_id} do not fit: {problem}")
+        return True
+
 
 class EventStream:
     """What ``Harness.follow`` yields: ``await receive()`` or ``async for``.
@@ -369,6 +417,7 @@ async def open_harness(config: Config | None = None) -> AsyncIterator[Harness]:
     ledger = Ledger(config.ledger_path, durability=config.durability)
     feed = EventFeed()
     permission = Permission(ledger, interactive=config.interactive)
+    question = Question(ledger, interactive=config.interactive)
     tools = builtin_tools()
     services = SessionServices(
         config=config,
@@ -377,6 +426,7 @@ async def open_harness(config: Config | None = None) -> AsyncIterator[Harness]:
         permission=permission.mailbox,
         tools=tools,
         tool_specs=tool_specs(tools),
+        questions=question.mailbox,
     )
     supervisor = Supervisor(services)
 
@@ -401,8 +451,11 @@ async def open_harness(config: Config | None = None) -> AsyncIterator[Harness]:
             try:
                 async with trio.open_nursery() as inner:
                     await inner.start(permission.run)
+                    await inner.start(question.run)
                     await inner.start(supervisor.run)
-                    harness = Harness(config, ledger, feed.mailbox, permission, supervisor)
+                    harness = Harness(
+                        config, ledger, feed.mailbox, permission, supervisor, question
+                    )
                     try:
                         yield harness
                     finally:

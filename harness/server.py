@@ -32,7 +32,12 @@ from pydantic import BaseModel, ValidationError
 
 from harness.agents import UnknownAgentError
 from harness.config import Config
-from harness.messages.api import CreateSessionBody, PermissionReplyBody, PromptBody
+from harness.messages.api import (
+    CreateSessionBody,
+    PermissionReplyBody,
+    PromptBody,
+    QuestionReplyBody,
+)
 from harness.messages.events import Event
 from harness.providers.errors import ProviderError
 from harness.runtime import Harness, HarnessError, open_harness
@@ -181,6 +186,35 @@ async def _reply_permission(h: Harness, request: Request, request_id: str) -> Re
     return Response(200, {"id": request_id, "reply": body.reply})
 
 
+async def _todos(h: Harness, request: Request, session_id: str) -> Response:
+    _session_or_404(h, session_id)
+    return Response(200, [t.model_dump(mode="json") for t in h.todos(session_id)])
+
+
+async def _list_questions(h: Harness, request: Request) -> Response:
+    session_id = request.param("session")
+    if session_id is not None:
+        _session_or_404(h, session_id)
+    pending = await h.pending_questions(session_id)
+    return Response(200, [q.model_dump(mode="json") for q in pending])
+
+
+async def _reply_question(h: Harness, request: Request, request_id: str) -> Response:
+    body: QuestionReplyBody = request.json(QuestionReplyBody)
+    try:
+        if body.answers is None:
+            found = await h.reject_question(request_id, body.message)
+        else:
+            found = await h.answer_question(request_id, body.answers)
+    except HarnessError as error:
+        raise ApiError(422, "invalid_answer", str(error)) from None
+    if not found:
+        raise ApiError(404, "not_found", f"no pending question {request_id}")
+    if body.answers is None:
+        return Response(200, {"id": request_id, "rejected": True})
+    return Response(200, {"id": request_id, "answers": body.answers})
+
+
 Handler = Callable[..., Awaitable[Response]]
 _ID = r"([A-Za-z0-9_\-]+)"
 ROUTES: list[tuple[re.Pattern[str], dict[str, Handler | None]]] = [
@@ -190,8 +224,11 @@ ROUTES: list[tuple[re.Pattern[str], dict[str, Handler | None]]] = [
     (re.compile(rf"/v1/sessions/{_ID}/messages"), {"GET": _messages}),
     (re.compile(rf"/v1/sessions/{_ID}/prompt"), {"POST": _prompt}),
     (re.compile(rf"/v1/sessions/{_ID}/cancel"), {"POST": _cancel}),
+    (re.compile(rf"/v1/sessions/{_ID}/todos"), {"GET": _todos}),
     (re.compile(r"/v1/permissions"), {"GET": _list_permissions}),
     (re.compile(rf"/v1/permissions/{_ID}"), {"POST": _reply_permission}),
+    (re.compile(r"/v1/questions"), {"GET": _list_questions}),
+    (re.compile(rf"/v1/questions/{_ID}"), {"POST": _reply_question}),
     (re.compile(r"/v1/events"), {"GET": None}),  # None: the event stream, served below
 ]
 

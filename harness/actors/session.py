@@ -13,6 +13,7 @@ within ``restart_window`` seconds; past that the session is marked ``error``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections import deque
@@ -25,7 +26,9 @@ import structlog
 import trio
 
 from harness.actors.children import ChildSessions, Lineage
+from harness.actors.question import SessionQuestions
 from harness.actors.runner import ContextPolicy, Runner
+from harness.actors.todos import SessionTodos
 from harness.actors.tool_executor import ToolExecutor
 from harness.agents import get_agent
 from harness.config import Config
@@ -41,6 +44,7 @@ from harness.messages.mailbox import (
     FeedMessage,
     PermissionMessage,
     Publish,
+    QuestionMessage,
     SessionMessage,
 )
 from harness.messages.model import (
@@ -76,6 +80,7 @@ class SessionServices:
     permission: trio.MemorySendChannel[PermissionMessage]
     tools: Mapping[str, Tool[Any]]
     tool_specs: Mapping[str, ToolSpec]
+    questions: trio.MemorySendChannel[QuestionMessage]
 
     def rules_of(self, session: Session) -> tuple[Rule, ...]:
         """A session's own merged ruleset: defaults < agent < config < session."""
@@ -524,6 +529,8 @@ class SessionActor:
     async def _stopped(self, user_message_id: str, reason: StopReason, error: str) -> TurnResult:
         with trio.CancelScope(shield=True):
             self._services.permission.send_nowait(ClearSession(self.session_id))
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                self._services.questions.send_nowait(ClearSession(self.session_id))
             await self._ledger.flush()  # the stopped runner's posts, before reading
             await self._ledger.write(close_open_work(self._ledger, self.session_id, error))
         return TurnResult(user_message_id, reason, "", error)
@@ -560,6 +567,8 @@ class SessionActor:
             subtasks=ChildSessions(
                 services, session, self._lineage, self._children, self._budget
             ),
+            todos=SessionTodos(session.id, self._ledger),
+            questions=SessionQuestions(session.id, services.questions),
         )
         runner = Runner(
             session=session,

@@ -39,7 +39,16 @@ from harness.messages.model import (
 )
 from harness.messages.permission import PermissionDecision, PermissionNeed
 from harness.storage.ledger import Ledger
-from harness.tools.base import Subtasks, Tool, ToolContext, ToolFailure, ToolParams
+from harness.tools.base import (
+    Questions,
+    Subtasks,
+    Todos,
+    Tool,
+    ToolContext,
+    ToolFailure,
+    ToolParams,
+    ToolRejected,
+)
 from harness.tools.truncate import truncate_output
 
 log = structlog.get_logger("harness.tools")
@@ -93,6 +102,8 @@ class ToolExecutor:
         permission: trio.MemorySendChannel[PermissionMessage],
         output_dir: Path,
         subtasks: Subtasks | None = None,
+        todos: Todos | None = None,
+        questions: Questions | None = None,
     ) -> None:
         self._session_id = session_id
         self._directory = directory
@@ -104,6 +115,8 @@ class ToolExecutor:
         self._permission = permission
         self._output_dir = output_dir
         self._subtasks = subtasks
+        self._todos = todos
+        self._questions = questions
         self.mailbox, self._receive = trio.open_memory_channel[ExecuteCalls](math.inf)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -207,6 +220,8 @@ class ToolExecutor:
             directory=self._directory,
             output_dir=self._output_dir,
             subtasks=self._subtasks,
+            todos=self._todos,
+            questions=self._questions,
         )
         try:
             needs = tool.permissions(args, context)
@@ -267,7 +282,9 @@ class ToolExecutor:
         try:
             result = await tool.execute(args, context)
         except ToolFailure as error:
-            return self._fail(message_id, call, str(error), input=raw, start=start)
+            # A refusal by the user (a dismissed question) stops the loop like a denial.
+            stop: StopReason | None = "denied" if isinstance(error, ToolRejected) else None
+            return self._fail(message_id, call, str(error), input=raw, start=start, stop=stop)
         except Exception as error:
             log.exception("tool raised", call_id=call.call_id, tool=call.tool)
             return self._fail(

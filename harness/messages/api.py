@@ -6,7 +6,7 @@ than a silently ignored setting.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from harness.messages.model import Delivery, Rule
 from harness.messages.permission import Reply
@@ -33,3 +33,21 @@ class PromptBody(_Body):
 class PermissionReplyBody(_Body):
     reply: Reply
     message: str | None = None
+
+
+class QuestionReplyBody(_Body):
+    """``{answers: [[label, ...], ...]}`` (one list per question) or ``{reject: true}``.
+
+    A rejection with a ``message`` lets the model carry on with that message; a bare one
+    stops the turn, like a rejected permission.
+    """
+
+    answers: list[list[str]] | None = None
+    reject: bool = False
+    message: str | None = None
+
+    @model_validator(mode="after")
+    def _one_of(self) -> QuestionReplyBody:
+        if self.reject == (self.answers is not None):
+            raise ValueError("give either answers (one list per question) or reject: true")
+        return self

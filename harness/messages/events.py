@@ -31,10 +31,14 @@ EventType = Literal[
     "turn.started",
     "turn.resumed",
     "turn.finished",
+    "todo.updated",
     # durable, log only: the record of why things happened
     "permission.asked",
     "permission.replied",
     "permission.decided",
+    "question.asked",
+    "question.replied",
+    "question.rejected",
     # ephemeral: published live, never stored
     "part.delta",
     "session.retry",

@@ -1,4 +1,5 @@
-"""Sortable, prefixed identifiers: ``ses_…``, ``msg_…``, ``prt_…``, ``per_…``, ``cal_…``.
+"""Sortable, prefixed identifiers: ``ses_…``, ``msg_…``, ``prt_…``, ``per_…``, ``que_…``,
+``cal_…``.
 
 An id is the prefix, 14 hex digits of (milliseconds << 12 | counter) and 14 random
 base62 characters. Ids made by one process sort in creation order even within one
@@ -46,6 +47,10 @@ def part_id() -> str:
 
 def permission_id() -> str:
     return new_id("per")
+
+
+def question_id() -> str:
+    return new_id("que")
 
 
 def call_id() -> str:

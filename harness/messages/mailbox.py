@@ -21,6 +21,7 @@ from harness.messages.permission import (
     PermissionRequest,
     Reply,
 )
+from harness.messages.question import Answers, QuestionInfo, QuestionOutcome, QuestionRequest
 
 # --- ledger writer -------------------------------------------------------------------------
 
@@ -115,6 +116,54 @@ class ClearSession:
 
 
 PermissionMessage = AskPermission | ReplyPermission | ListPending | ClearSession
+
+
+# --- questions -----------------------------------------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class AskQuestion:
+    """Ask the user; the single answer is a ``QuestionOutcome``.
+
+    The asker makes the id, so that it can withdraw the question if it is cancelled first.
+    """
+
+    request_id: str
+    session_id: str
+    message_id: str
+    call_id: str
+    questions: Sequence[QuestionInfo]
+    reply: trio.MemorySendChannel[QuestionOutcome]
+
+
+@dataclass(slots=True, frozen=True)
+class AnswerQuestion:
+    """The user's answers (one list per question), or a rejection when ``answers`` is None.
+
+    ``done`` hears None when accepted, else why not: ``"not_found"`` or a message saying
+    why the answers do not fit the questions.
+    """
+
+    request_id: str
+    answers: Answers | None
+    message: str | None
+    done: trio.MemorySendChannel[str | None]
+
+
+@dataclass(slots=True, frozen=True)
+class ListQuestions:
+    session_id: str | None
+    reply: trio.MemorySendChannel[list[QuestionRequest]]
+
+
+@dataclass(slots=True, frozen=True)
+class WithdrawQuestion:
+    """The asker stopped waiting (its call was cancelled): drop the question."""
+
+    request_id: str
+
+
+QuestionMessage = AskQuestion | AnswerQuestion | ListQuestions | WithdrawQuestion | ClearSession
 
 
 # --- tool executor -------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from harness.messages.model import (
     Session,
     ToolPart,
 )
+from harness.messages.todo import Todo
 from harness.storage.projections import PROJECTIONS
 from harness.storage.schema import MIGRATIONS, SCHEMA_VERSION
 
@@ -327,6 +328,13 @@ class Ledger:
         ):
             found.append(AssistantMessage.model_validate_json(data))
         return found
+
+    def todos(self, session_id: str) -> list[Todo]:
+        """A session's task list as ``todowrite`` last stored it (empty if never)."""
+        rows = self._rows("SELECT data FROM todos WHERE session_id = ?", (session_id,))
+        if not rows:
+            return []
+        return [Todo.model_validate(item) for item in json.loads(rows[0][0])["todos"]]
 
     def approvals(self, project: str) -> list[Rule]:
         return [

@@ -24,7 +24,7 @@ def _upsert_session(conn: apsw.Connection, seq: int, data: dict[str, Any], text:
 
 def _delete_session(conn: apsw.Connection, seq: int, data: dict[str, Any], text: str) -> None:
     session_id = data["id"]
-    for table in ("parts", "messages", "inbox"):
+    for table in ("parts", "messages", "inbox", "todos"):
         conn.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
     conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
 
@@ -86,6 +86,14 @@ def _release_turn(conn: apsw.Connection, seq: int, data: dict[str, Any], text: s
     conn.execute("DELETE FROM turns WHERE message_id = ?", (data["message_id"],))
 
 
+def _set_todos(conn: apsw.Connection, seq: int, data: dict[str, Any], text: str) -> None:
+    conn.execute(
+        "INSERT INTO todos(session_id, seq, data) VALUES (?, ?, ?)"
+        " ON CONFLICT(session_id) DO UPDATE SET seq=excluded.seq, data=excluded.data",
+        (data["session_id"], seq, text),
+    )
+
+
 Projection = Callable[[apsw.Connection, int, dict[str, Any], str], None]
 
 PROJECTIONS: Final[dict[str, Projection]] = {
@@ -102,4 +110,5 @@ PROJECTIONS: Final[dict[str, Projection]] = {
     "turn.started": _claim_turn,
     "turn.resumed": _resume_turn,
     "turn.finished": _release_turn,
+    "todo.updated": _set_todos,
 }

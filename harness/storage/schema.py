@@ -76,6 +76,12 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             resumes INTEGER NOT NULL DEFAULT 0
         )""",
         "CREATE INDEX turns_session ON turns(session_id)",
+        # Each session's task list (todowrite), replaced whole by todo.updated.
+        """CREATE TABLE todos (
+            session_id TEXT PRIMARY KEY,
+            seq INTEGER NOT NULL,
+            data TEXT NOT NULL
+        )""",
     ),
 )
 

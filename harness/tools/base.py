@@ -19,17 +19,22 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from harness.messages.permission import PermissionNeed
+from harness.messages.question import QuestionInfo, QuestionOutcome
+from harness.messages.todo import Todo
 
 __all__ = [
     "P",
     "PermissionNeed",
+    "Questions",
     "SubtaskResult",
     "Subtasks",
+    "Todos",
     "Tool",
     "ToolContext",
     "ToolFailure",
     "ToolOutput",
     "ToolParams",
+    "ToolRejected",
 ]
 
 
@@ -69,6 +74,25 @@ class Subtasks(Protocol):
     ) -> SubtaskResult: ...
 
 
+class Todos(Protocol):
+    """The session's task list (``todowrite`` / ``todoread``), kept in the ledger."""
+
+    def read(self) -> list[Todo]: ...
+
+    async def write(self, todos: list[Todo]) -> None: ...
+
+
+class Questions(Protocol):
+    """Asks the user, the way a permission is asked (terminal prompt, API, ``answer``).
+
+    Waits for the answer; cancelling the call withdraws the question.
+    """
+
+    async def ask(
+        self, *, call_id: str, message_id: str, questions: list[QuestionInfo]
+    ) -> QuestionOutcome: ...
+
+
 @dataclass(slots=True, frozen=True)
 class ToolContext:
     session_id: str
@@ -77,6 +101,8 @@ class ToolContext:
     directory: Path  # the session's working directory, already resolved
     output_dir: Path  # where truncated outputs are saved in full ($HARNESS_HOME/tool-output)
     subtasks: Subtasks | None = None
+    todos: Todos | None = None
+    questions: Questions | None = None
 
 
 @dataclass(slots=True)
@@ -88,6 +114,10 @@ class ToolOutput:
 
 class ToolFailure(Exception):
     """An expected failure (file not found, no match): the model sees ``str(error)``."""
+
+
+class ToolRejected(ToolFailure):
+    """The user refused what the call asked of them: like a denial, it stops the loop."""
 
 
 class Tool(ABC, Generic[P]):

@@ -13,8 +13,10 @@ from harness.tools.edit import EditTool
 from harness.tools.glob import GlobTool
 from harness.tools.grep import GrepTool
 from harness.tools.list import ListTool
+from harness.tools.question import QuestionTool
 from harness.tools.read import ReadTool
 from harness.tools.task import TaskTool
+from harness.tools.todo import TodoReadTool, TodoWriteTool
 from harness.tools.webfetch import WebFetchTool
 from harness.tools.write import WriteTool
 
@@ -31,6 +33,9 @@ def builtin_tools() -> dict[str, Tool[Any]]:
         TaskTool(),
         WebFetchTool(),
         ApplyPatchTool(),
+        TodoWriteTool(),
+        TodoReadTool(),
+        QuestionTool(),
     ]
     return {tool.name: tool for tool in tools}
 

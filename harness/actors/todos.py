@@ -1,0 +1,21 @@
+"""The ``Todos`` a session gives its tool calls: its task list, in the ledger."""
+
+from __future__ import annotations
+
+from harness.messages.events import NewEvent
+from harness.messages.todo import Todo
+from harness.storage.ledger import Ledger
+
+
+class SessionTodos:
+    def __init__(self, session_id: str, ledger: Ledger) -> None:
+        self._session_id = session_id
+        self._ledger = ledger
+
+    def read(self) -> list[Todo]:
+        return self._ledger.todos(self._session_id)
+
+    async def write(self, todos: list[Todo]) -> None:
+        data = {"session_id": self._session_id, "todos": [t.model_dump() for t in todos]}
+        # Awaited: a todoread in the very next step must see it.
+        await self._ledger.write([NewEvent("todo.updated", self._session_id, data)])

@@ -1,0 +1,20 @@
+"""The session's task list: what ``todowrite`` stores and ``todo.updated`` carries."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+TodoStatus = Literal["pending", "in_progress", "completed", "cancelled"]
+TodoPriority = Literal["high", "medium", "low"]
+
+
+class Todo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    content: str = Field(min_length=1, max_length=2000, description="What to do, briefly")
+    status: TodoStatus = Field(
+        description="pending, in_progress (one at a time), completed or cancelled"
+    )
+    priority: TodoPriority = Field(default="medium", description="high, medium or low")
