@@ -38,6 +38,7 @@ from harness.messages.model import (
     ToolState,
 )
 from harness.messages.permission import PermissionDecision, PermissionNeed
+from harness.snapshots import Blob, CallSnapshot, patch_part
 from harness.storage.ledger import Ledger
 from harness.tools.base import (
     Questions,
@@ -124,6 +125,7 @@ class ToolExecutor:
         async with self._receive:
             async for request in self._receive:
                 structlog.contextvars.bind_contextvars(message_id=request.message_id)
+                self._snapshots: list[CallSnapshot] = []  # this step's file-changing calls
                 outcomes: list[CallOutcome | None] = [None] * len(request.calls)
                 if len(request.calls) == 1:
                     with _restoring_log_context():
@@ -132,7 +134,22 @@ class ToolExecutor:
                     async with trio.open_nursery() as nursery:
                         for index, call in enumerate(request.calls):
                             nursery.start_soon(self._one, request.message_id, call, outcomes, index)
+                if self._snapshots:
+                    self._post_patch(request.message_id)
                 request.reply.send_nowait([o for o in outcomes if o is not None])
+
+    def _post_patch(self, message_id: str) -> None:
+        """End a step that changed files with its ``patch`` part."""
+        part = patch_part(self._session_id, message_id, self._directory, self._snapshots)
+        if part is not None:
+            event = NewEvent("part.created", self._session_id, part.model_dump(mode="json"))
+            self._ledger.post([event])
+
+    def _touched_paths(self, tool: Tool[Any], args: ToolParams, context: ToolContext) -> list[Path]:
+        try:
+            return tool.touched_paths(args, context)
+        except ToolFailure:
+            return []  # the call will fail on the same input, before touching anything
 
     async def _one(
         self,
@@ -271,13 +288,21 @@ class ToolExecutor:
         start = time.time()
         title = tool.title(args)
         running = [self._record(message_id, call, ToolRunning(input=raw, title=title, start=start))]
+        snapshot: CallSnapshot | None = None
         if tool.read_only:
             # Nothing to protect: a read-only call interrupted by a crash is simply re-run.
             self._ledger.post(running)
         else:
             # Durable before the side effect begins: after a crash, a call still "running"
             # in the ledger is known to have maybe happened, and is never re-run blindly.
-            await self._ledger.write(running)
+            # The files the tool says it will modify are snapshotted in the same write.
+            blobs: list[Blob] = []
+            paths = self._touched_paths(tool, args, context)
+            if paths:
+                snapshot = CallSnapshot.capture(self._session_id, message_id, call.call_id, paths)
+                before, blobs = snapshot.before_event()
+                running.append(before)
+            await self._ledger.write(running, blobs=blobs)
         log.debug("tool started", call_id=call.call_id, tool=call.tool, title=title)
         try:
             result = await tool.execute(args, context)
@@ -294,6 +319,12 @@ class ToolExecutor:
                 input=raw,
                 start=start,
             )
+        finally:
+            if snapshot is not None:
+                # Also on a failure or a cancel: what the files became is recorded either way.
+                changed, blobs = snapshot.after_event()
+                self._ledger.post([changed], blobs=blobs)
+                self._snapshots.append(snapshot)
         output, extra = truncate_output(
             result.output, output_dir=self._output_dir, call_id=call.call_id
         )

@@ -37,6 +37,8 @@ class WriteEvents:
 
     events: Sequence[NewEvent]
     reply: trio.MemorySendChannel[list[Event] | Exception] | None = None
+    # File contents the events name, (sha256 hex, bytes): stored in the same transaction.
+    blobs: Sequence[tuple[str, bytes]] = ()
 
 
 # --- event feed ----------------------------------------------------------------------------

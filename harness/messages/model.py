@@ -186,9 +186,21 @@ class FilePart(_PartBase):
     mime: str = "text/plain"
 
 
+class PatchFile(_Model):
+    """One file a step changed: its content hashes (None: no file) and line counts."""
+
+    path: str  # relative to the session directory when inside it, else absolute
+    before_hash: str | None
+    after_hash: str | None
+    added: int = 0
+    removed: int = 0
+
+
 class PatchPart(_PartBase):
+    """Ends a step that changed files (file snapshots, see harness/snapshots.py)."""
+
     type: Literal["patch"] = "patch"
-    files: list[str]
+    files: list[PatchFile]
 
 
 class CompactionPart(_PartBase):

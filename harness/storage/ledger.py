@@ -18,7 +18,9 @@ import contextlib
 import json
 import math
 import time
+import zlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -175,6 +177,8 @@ class Ledger:
         out: list[list[Event]] = []
         with conn:
             for request in batch:
+                for digest, data in request.blobs:
+                    _store_blob(conn, digest, data)
                 events: list[Event] = []
                 for new in request.events:
                     text = _dumps(new.data)
@@ -190,14 +194,16 @@ class Ledger:
                 out.append(events)
         return out
 
-    def post(self, events: Sequence[NewEvent]) -> None:
+    def post(self, events: Sequence[NewEvent], *, blobs: Sequence[tuple[str, bytes]] = ()) -> None:
         """Fire-and-forget write, ordered with every other write."""
-        self._mailbox_send.send_nowait(WriteEvents(events))
+        self._mailbox_send.send_nowait(WriteEvents(events, blobs=blobs))
 
-    async def write(self, events: Sequence[NewEvent]) -> list[Event]:
-        """Write and wait until the events are committed."""
+    async def write(
+        self, events: Sequence[NewEvent], *, blobs: Sequence[tuple[str, bytes]] = ()
+    ) -> list[Event]:
+        """Write and wait until the events (and the file contents they name) are committed."""
         reply_send, reply_receive = trio.open_memory_channel[list[Event] | Exception](1)
-        self._mailbox_send.send_nowait(WriteEvents(events, reply_send))
+        self._mailbox_send.send_nowait(WriteEvents(events, reply_send, blobs))
         answer = await reply_receive.receive()
         if isinstance(answer, Exception):
             raise answer
@@ -367,3 +373,52 @@ class Ledger:
         rows = self._rows("SELECT max(seq) FROM events")
         value = rows[0][0]
         return int(value) if value is not None else 0
+
+    # --- file snapshots (harness/snapshots.py) ---------------------------------------------
+
+    def blob(self, digest: str) -> bytes | None:
+        rows = self._rows("SELECT data FROM blobs WHERE hash = ?", (digest,))
+        return zlib.decompress(rows[0][0]) if rows else None
+
+    def file_changes(self, session_ids: Sequence[str]) -> list[FileChangeRow]:
+        """Every recorded file change of these sessions, in the order they happened."""
+        marks = ",".join("?" for _ in session_ids)
+        rows = self._rows(
+            "SELECT seq, session_id, message_id, call_id, kind, path, before, after, done"
+            f" FROM file_changes WHERE session_id IN ({marks}) ORDER BY seq, path",
+            tuple(session_ids),
+        )
+        return [
+            FileChangeRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], done=bool(r[8]))
+            for r in rows
+        ]
+
+    def message_seq(self, message_id: str) -> tuple[str, int] | None:
+        """A message's session and the seq that orders it (``created_seq``)."""
+        rows = self._rows(
+            "SELECT session_id, created_seq FROM messages WHERE id = ?", (message_id,)
+        )
+        return (str(rows[0][0]), int(rows[0][1])) if rows else None
+
+
+@dataclass(slots=True, frozen=True)
+class FileChangeRow:
+    seq: int
+    session_id: str
+    message_id: str
+    call_id: str
+    kind: str  # "tool" or "revert"
+    path: str
+    before: str | None
+    after: str | None
+    done: bool
+
+
+def _store_blob(conn: apsw.Connection, digest: str, data: bytes) -> None:
+    """Store a content once: compressed here, on the writer's thread, only when new."""
+    if conn.execute("SELECT 1 FROM blobs WHERE hash = ?", (digest,)).fetchall():
+        return
+    conn.execute(
+        "INSERT INTO blobs(hash, size, data) VALUES (?, ?, ?)",
+        (digest, len(data), zlib.compress(data, 1)),
+    )

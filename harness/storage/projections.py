@@ -69,6 +69,47 @@ def _add_approval(conn: apsw.Connection, seq: int, data: dict[str, Any], text: s
     )
 
 
+def _snapshot_files(conn: apsw.Connection, seq: int, data: dict[str, Any], text: str) -> None:
+    for file in data["files"]:
+        conn.execute(
+            "INSERT OR REPLACE INTO file_changes(seq, session_id, message_id, call_id, kind, path,"
+            " before, after, done) VALUES (?, ?, ?, ?, 'tool', ?, ?, NULL, 0)",
+            (
+                seq,
+                data["session_id"],
+                data["message_id"],
+                data["call_id"],
+                file["path"],
+                file["before"],
+            ),
+        )
+
+
+def _files_changed(conn: apsw.Connection, seq: int, data: dict[str, Any], text: str) -> None:
+    for file in data["files"]:
+        conn.execute(
+            "UPDATE file_changes SET after = ?, done = 1 WHERE call_id = ? AND path = ?",
+            (file["after"], data["call_id"], file["path"]),
+        )
+
+
+def _reverted(conn: apsw.Connection, seq: int, data: dict[str, Any], text: str) -> None:
+    for file in data["files"]:
+        conn.execute(
+            "INSERT OR REPLACE INTO file_changes(seq, session_id, message_id, call_id, kind, path,"
+            " before, after, done) VALUES (?, ?, ?, ?, 'revert', ?, ?, ?, 1)",
+            (
+                seq,
+                data["session_id"],
+                data["message_id"],
+                data["id"],
+                file["path"],
+                file["before"],
+                file["after"],
+            ),
+        )
+
+
 def _claim_turn(conn: apsw.Connection, seq: int, data: dict[str, Any], text: str) -> None:
     conn.execute(
         "INSERT OR IGNORE INTO turns(message_id, session_id, started) VALUES (?, ?, ?)",
@@ -100,6 +141,9 @@ PROJECTIONS: Final[dict[str, Projection]] = {
     "session.created": _upsert_session,
     "session.updated": _upsert_session,
     "session.deleted": _delete_session,
+    "session.reverted": _reverted,
+    "file.snapshot": _snapshot_files,
+    "file.changed": _files_changed,
     "message.created": _upsert_message,
     "message.updated": _upsert_message,
     "part.created": _upsert_part,

@@ -60,6 +60,27 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             data TEXT NOT NULL
         )""",
         "CREATE INDEX inbox_session ON inbox(session_id, seq)",
+        # File snapshots (harness/snapshots.py): contents by sha256, zlib-compressed...
+        """CREATE TABLE blobs (
+            hash TEXT PRIMARY KEY,
+            size INTEGER NOT NULL,
+            data BLOB NOT NULL
+        )""",
+        # ...and each path a tool call (kind 'tool') or a revert (kind 'revert') changed:
+        # before/after are blob hashes (NULL: no file); done = 0 while the call runs.
+        """CREATE TABLE file_changes (
+            seq INTEGER NOT NULL,
+            session_id TEXT NOT NULL,
+            message_id TEXT NOT NULL,
+            call_id TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            path TEXT NOT NULL,
+            before TEXT,
+            after TEXT,
+            done INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (call_id, path)
+        )""",
+        "CREATE INDEX file_changes_session ON file_changes(session_id, seq)",
         """CREATE TABLE approvals (
             project TEXT NOT NULL,
             permission TEXT NOT NULL,

@@ -563,6 +563,14 @@ class ApplyPatchTool(Tool[ApplyPatchParams]):
                         needs.append(need)
         return needs
 
+    def touched_paths(self, args: ApplyPatchParams, ctx: ToolContext) -> list[Path]:
+        paths: list[Path] = []
+        for op in parse_patch(args.patch):
+            paths.append(resolve_path(op.path, ctx))
+            if op.move_to is not None:
+                paths.append(resolve_path(op.move_to, ctx))
+        return paths
+
     def title(self, args: ApplyPatchParams) -> str:
         try:
             ops = parse_patch(args.patch)

@@ -135,5 +135,14 @@ class Tool(ABC, Generic[P]):
         """A short human label for progress lines: ``read package.json``."""
         return self.name
 
+    def touched_paths(self, args: P, ctx: ToolContext) -> list[Path]:
+        """The files ``execute`` may create, change or delete: resolved, absolute paths.
+
+        Their content is snapshotted before the call runs, so the session can be diffed
+        and reverted (harness/snapshots.py). No side effects. A tool that cannot say (a
+        shell command) returns nothing, and its changes are not snapshotted.
+        """
+        return []
+
     @abstractmethod
     async def execute(self, args: P, ctx: ToolContext) -> ToolOutput: ...

@@ -9,6 +9,7 @@ original lines' span is replaced.
 from __future__ import annotations
 
 import difflib
+from pathlib import Path
 
 from pydantic import Field
 
@@ -138,6 +139,9 @@ class EditTool(Tool[EditParams]):
         needs = [need] if (need := external_need(path, ctx)) else []
         needs.append(PermissionNeed(permission="edit", pattern=str(path), always=str(path)))
         return needs
+
+    def touched_paths(self, args: EditParams, ctx: ToolContext) -> list[Path]:
+        return [resolve_path(args.path, ctx)]
 
     def title(self, args: EditParams) -> str:
         return f"edit {args.path}"

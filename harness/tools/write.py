@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field
 
 from harness.tools.base import (
@@ -38,6 +40,9 @@ class WriteTool(Tool[WriteParams]):
         needs = [need] if (need := external_need(path, ctx)) else []
         needs.append(PermissionNeed(permission="edit", pattern=str(path), always=str(path)))
         return needs
+
+    def touched_paths(self, args: WriteParams, ctx: ToolContext) -> list[Path]:
+        return [resolve_path(args.path, ctx)]
 
     def title(self, args: WriteParams) -> str:
         return f"write {args.path}"
