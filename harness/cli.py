@@ -126,6 +126,22 @@ def _parser() -> argparse.ArgumentParser:
     trace.add_argument("session", help="the session id (ses_…)")
     trace.add_argument("--json", action="store_true", help="print JSON")
 
+    diff = commands.add_parser(
+        "diff", help="show what a session changed in its files, as a unified diff"
+    )
+    diff.add_argument("session", help="the session id (ses_…)")
+    diff.add_argument("--since", metavar="MESSAGE", help="only changes from this message on")
+    diff.add_argument("--json", action="store_true", help="print JSON")
+
+    revert = commands.add_parser(
+        "revert", help="put the files back as they were before a message of a session"
+    )
+    revert.add_argument("session", help="the session id (ses_…)")
+    revert.add_argument(
+        "--to", required=True, metavar="MESSAGE", help="the message (msg_…) to go back before"
+    )
+    revert.add_argument("--json", action="store_true", help="print JSON")
+
     events = commands.add_parser("events", help="follow the daemon's event stream (Ctrl-C stops)")
     events.add_argument("--session", help="only this session and its child sessions")
     events.add_argument("--after", type=int, help="replay from the ledger after this seq first")
@@ -173,6 +189,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         "sessions": _sessions,
         "show": _show,
         "trace": _trace,
+        "diff": _diff,
+        "revert": _revert,
         "events": _events,
         "cancel": _cancel,
         "approve": _approve,
@@ -810,6 +828,94 @@ def _trace(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _diff(args: argparse.Namespace) -> int:
+    """The session's file changes: from the daemon when it answers, else the ledger."""
+    answer = _from_daemon(lambda client: _diff_from_daemon(client, args.session, args.since))
+    if answer is None:
+        from harness.snapshots import SnapshotError, diff_session
+
+        try:
+            text, files = diff_session(_open_ledger(), args.session, since_message=args.since)
+        except SnapshotError as error:
+            raise UsageError(str(error)) from error
+        answer = {"session_id": args.session, "files": files, "diff": text}
+    if args.json:
+        print(json.dumps(answer, indent=2))
+    elif answer["diff"]:
+        sys.stdout.write(answer["diff"])
+    else:
+        print("no file changes", file=sys.stderr)
+    return EXIT_OK
+
+
+def _diff_from_daemon(client: Client, session_id: str, since: str | None) -> Any:
+    from harness.client import ApiError
+
+    try:
+        return client.diff(session_id, since)
+    except ApiError as error:
+        if error.status in (404, 422):
+            raise UsageError(error.message) from error
+        raise
+
+
+def _revert(args: argparse.Namespace) -> int:
+    """Revert through the daemon when it answers, else on the ledger directly."""
+    from harness.client import ApiError
+
+    client = _client()
+    if client is not None and client.alive():
+        try:
+            result = client.revert(args.session, args.to)
+        except ApiError as error:
+            if error.status in (404, 422):
+                raise UsageError(error.message) from error
+            print(f"harness: {error.message}", file=sys.stderr)
+            return EXIT_ERROR
+    else:
+        from harness.snapshots import RevertConflict, SessionBusy, SnapshotError
+
+        found = _revert_embedded(args.session, args.to)
+        if isinstance(found, RevertConflict | SessionBusy):
+            print(f"harness: {found}", file=sys.stderr)
+            return EXIT_ERROR
+        if isinstance(found, SnapshotError):
+            raise UsageError(str(found))
+        result = found.to_dict()
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return EXIT_OK
+    files = [f for f in result["files"] if f["action"] != "unchanged"]
+    print(f"reverted {args.session} to before {args.to}: {len(files)} file(s) changed")
+    for file in files:
+        print(f"  {file['action']:9} {file['shown']}")
+    return EXIT_OK
+
+
+def _revert_embedded(session_id: str, message_id: str) -> Any:
+    """The revert on the ledger, with a writer of its own: the result or the SnapshotError."""
+    import trio
+
+    from harness.snapshots import SnapshotError, revert_session
+
+    ledger = _open_ledger()
+
+    async def main() -> Any:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ledger.run_writer, None)
+            try:
+                return await revert_session(ledger, session_id, message_id)
+            except SnapshotError as error:
+                return error
+            finally:
+                ledger.close_writer()
+
+    try:
+        return trio.run(main)
+    finally:
+        ledger.close()
+
+
 def _show(args: argparse.Namespace) -> int:
     found = _from_daemon(lambda client: _transcript_from_daemon(client, args.session))
     if found is None:
@@ -849,6 +955,9 @@ def _print_part(part: dict[str, Any]) -> None:
         print(f"[{part['tool']} {state['status']}] {json.dumps(state.get('input', {}))}")
         if detail:
             print("  " + "\n  ".join(str(detail).splitlines()[:20]))
+    elif part["type"] == "patch":
+        changed = ", ".join(f"{f['path']} +{f['added']} -{f['removed']}" for f in part["files"])
+        print(f"[patch] {changed}")
     elif part["type"] == "step-finish":
         tokens = sum(part.get("tokens", {}).values())
         print(f"[finish: {part['reason']}; {tokens} tokens; ${part.get('cost', 0.0):.4f}]")

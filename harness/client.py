@@ -154,6 +154,19 @@ class Client:
         answer = self.request("POST", f"/v1/sessions/{quote(session_id)}/cancel", {})
         return bool(answer["cancelled"])
 
+    def diff(self, session_id: str, since: str | None = None) -> dict[str, Any]:
+        query = f"?{urlencode({'since': since})}" if since else ""
+        answer: dict[str, Any] = self.request(
+            "GET", f"/v1/sessions/{quote(session_id)}/diff{query}"
+        )
+        return answer
+
+    def revert(self, session_id: str, message_id: str) -> dict[str, Any]:
+        answer: dict[str, Any] = self.request(
+            "POST", f"/v1/sessions/{quote(session_id)}/revert", {"message_id": message_id}
+        )
+        return answer
+
     def delete(self, session_id: str) -> None:
         self.request("DELETE", f"/v1/sessions/{quote(session_id)}")
 

@@ -26,6 +26,7 @@ from pathlib import Path
 import structlog
 import trio
 
+from harness import snapshots
 from harness.actors.event_feed import EventFeed, overflow_event
 from harness.actors.permission import Permission
 from harness.actors.question import Question
@@ -169,6 +170,29 @@ class Harness:
                             break
         await self.ledger.write([NewEvent("session.deleted", session_id, {"id": session_id})])
         log.info("session deleted", session_id=session_id, dropped_inputs=len(queued))
+
+    # --- file snapshots ---------------------------------------------------------------------
+
+    async def diff(
+        self, session_id: str, *, since_message: str | None = None
+    ) -> tuple[str, list[dict[str, object]]]:
+        """A unified diff of every file the session (and its children) changed, from the
+        content first snapshotted (or before ``since_message``) to what is on disk now; and
+        the files with their added/removed line counts."""
+        self.session(session_id)
+        return snapshots.diff_session(self.ledger, session_id, since_message=since_message)
+
+    async def revert(self, session_id: str, message_id: str) -> snapshots.RevertResult:
+        """Put the workspace back as it was before ``message_id``; recorded in the ledger.
+
+        Raises ``snapshots.SessionBusy`` while a turn runs or is queued, and
+        ``snapshots.RevertConflict`` (naming the files, nothing written) when a file no
+        longer holds what the session last wrote there.
+        """
+        self.session(session_id)
+        result = await snapshots.revert_session(self.ledger, session_id, message_id)
+        log.info("session reverted", session_id=session_id, to=message_id, files=len(result.files))
+        return result
 
     # --- input ------------------------------------------------------------------------------
 

@@ -37,10 +37,12 @@ from harness.messages.api import (
     PermissionReplyBody,
     PromptBody,
     QuestionReplyBody,
+    RevertBody,
 )
 from harness.messages.events import Event
 from harness.providers.errors import ProviderError
 from harness.runtime import Harness, HarnessError, open_harness
+from harness.snapshots import RevertConflict, SessionBusy, SnapshotError
 
 log = structlog.get_logger("harness.server")
 
@@ -171,6 +173,29 @@ async def _cancel(h: Harness, request: Request, session_id: str) -> Response:
     return Response(200, {"cancelled": await h.cancel(session_id)})
 
 
+async def _diff(h: Harness, request: Request, session_id: str) -> Response:
+    _session_or_404(h, session_id)
+    try:
+        text, files = await h.diff(session_id, since_message=request.param("since"))
+    except SnapshotError as error:
+        raise ApiError(422, "invalid_diff", str(error)) from None
+    return Response(200, {"session_id": session_id, "files": files, "diff": text})
+
+
+async def _revert(h: Harness, request: Request, session_id: str) -> Response:
+    body: RevertBody = request.json(RevertBody)
+    _session_or_404(h, session_id)
+    try:
+        result = await h.revert(session_id, body.message_id)
+    except SessionBusy as error:
+        raise ApiError(409, "session_busy", str(error)) from None
+    except RevertConflict as error:
+        raise ApiError(409, "revert_conflict", str(error)) from None
+    except SnapshotError as error:
+        raise ApiError(422, "invalid_revert", str(error)) from None
+    return Response(200, result.to_dict())
+
+
 async def _list_permissions(h: Harness, request: Request) -> Response:
     session_id = request.param("session")
     if session_id is not None:
@@ -224,6 +249,8 @@ ROUTES: list[tuple[re.Pattern[str], dict[str, Handler | None]]] = [
     (re.compile(rf"/v1/sessions/{_ID}/messages"), {"GET": _messages}),
     (re.compile(rf"/v1/sessions/{_ID}/prompt"), {"POST": _prompt}),
     (re.compile(rf"/v1/sessions/{_ID}/cancel"), {"POST": _cancel}),
+    (re.compile(rf"/v1/sessions/{_ID}/diff"), {"GET": _diff}),
+    (re.compile(rf"/v1/sessions/{_ID}/revert"), {"POST": _revert}),
     (re.compile(rf"/v1/sessions/{_ID}/todos"), {"GET": _todos}),
     (re.compile(r"/v1/permissions"), {"GET": _list_permissions}),
     (re.compile(rf"/v1/permissions/{_ID}"), {"POST": _reply_permission}),

@@ -24,6 +24,12 @@ class CreateSessionBody(_Body):
     permission: list[Rule] = Field(default_factory=list)
 
 
+class RevertBody(_Body):
+    """``POST /v1/sessions/{id}/revert``: put the workspace back as before this message."""
+
+    message_id: str = Field(min_length=1, max_length=200)
+
+
 class PromptBody(_Body):
     text: str = Field(min_length=1)
     delivery: Delivery = "queue"
