@@ -540,6 +540,8 @@ def todo_lines(todos: list[dict[str, Any]], indent: str = "") -> str:
 
 def _summary(state: dict[str, Any]) -> str:
     metadata = state.get("metadata") or {}
+    if "todos" in metadata or "answers" in metadata:
+        return str(state.get("title") or "done")  # "3 todos", "asked 2 questions"
     if "lines" in metadata:
         return f"{metadata['lines']} lines"
     if "exit" in metadata:

@@ -485,7 +485,7 @@ def _answered_through_a_terminal(
         terminal.close()
     assert code == 0, err
     assert out.strip() == "SQLite with auth and search"
-    assert "✓ question" in err
+    assert "✓ question (asked 2 questions)" in err
     return err
 
 
@@ -549,6 +549,9 @@ def test_a_question_answered_at_the_terminal_through_the_daemon(
     (session,) = client.sessions()
     parts = [p for m in client.messages(session["id"]) for p in m["parts"] if p["type"] == "tool"]
     assert parts[0]["state"]["output"].startswith(EXPECTED)
+    shown = _harness(env, "show", session["id"], "--json")  # through the daemon
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["todos"] == []
 
 
 def test_no_terminal_through_the_daemon_fails_the_call_and_goes_on(
