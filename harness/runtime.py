@@ -20,14 +20,14 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import structlog
 import trio
 
 from harness import snapshots
-from harness.actors.event_feed import EventFeed, overflow_event
+from harness.actors.event_feed import EventFeed, overflow_event, subscription
 from harness.actors.permission import Permission
 from harness.actors.question import Question
 from harness.actors.session import SessionServices
@@ -45,9 +45,6 @@ from harness.messages.mailbox import (
     ListQuestions,
     RegisterChild,
     ReplyPermission,
-    Subscribe,
-    Subscription,
-    Unsubscribe,
     WakeSession,
 )
 from harness.messages.model import Delivery, InboxItem, MessageWithParts, Rule, Session
@@ -253,14 +250,8 @@ class Harness:
         self, session_id: str | None = None, *, buffer: int = 4096
     ) -> AsyncIterator[trio.MemoryReceiveChannel[Event]]:
         """Events from now on, of one session (and its children) or of all sessions."""
-        reply_send, reply_receive = trio.open_memory_channel[Subscription](1)
-        await self._feed.send(Subscribe(session_id, reply_send, buffer))
-        subscription = await reply_receive.receive()
-        try:
-            yield subscription.events
-        finally:
-            with suppress(trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
-                self._feed.send_nowait(Unsubscribe(subscription.id))
+        async with subscription(self._feed, session_id, buffer) as events:
+            yield events
 
     @asynccontextmanager
     async def follow(
