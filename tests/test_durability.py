@@ -372,11 +372,25 @@ def kill_group_of(marker: str) -> None:
     """Kill the process group of the tool command whose command line holds ``marker``."""
     for entry in os.listdir("/proc"):
         try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
             if entry.isdigit() and marker.encode() in cmdline and int(entry) != os.getpid():
                 os.killpg(os.getpgid(int(entry)), signal.SIGKILL)
         except (OSError, ValueError):
             continue
+
+
+def alive_with(marker: str) -> list[int]:
+    """Live (not zombie) processes whose command line holds ``marker``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if entry.isdigit() and marker.encode() in cmdline and state not in ("Z", "X"):
+            found.append(int(entry))
+    return found
 
 
 def query(home: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
@@ -406,7 +420,8 @@ def test_a_killed_daemon_resumes_sessions_cut_mid_tool_and_mid_stream(
 ) -> None:
     home = Path(env["HARNESS_HOME"])
     count_a, count_b = tmp_path / "count-a", tmp_path / "count-b"
-    slow_tool = {"command": f"echo a >> {count_a} && sleep 60"}
+    orphan = "sleep 61.5151"  # a marker for the command the kill orphans
+    slow_tool = {"command": f"echo a >> {count_a} && {orphan}"}
     script_a = script(
         tmp_path / "a.json",
         [
@@ -455,9 +470,10 @@ def test_a_killed_daemon_resumes_sessions_cut_mid_tool_and_mid_stream(
         last_seq = query(home, "SELECT max(seq) FROM events")[0][0]
     finally:
         kill(daemon)
-        kill_group_of(str(count_a))  # the orphaned `sleep`: a SIGKILL'd daemon cannot
     claimed = {row[0] for row in query(home, "SELECT session_id FROM turns")}
     assert claimed == {a, b}
+    # A SIGKILL'd daemon cannot kill its tool's process group: the `sleep` lives on...
+    assert alive_with(orphan), "the orphaned tool process should still be running"
 
     # The model answers B at once this time: recovery must not depend on the delay.
     b_turns[1] = {"text": "B: done"}
@@ -474,8 +490,11 @@ def test_a_killed_daemon_resumes_sessions_cut_mid_tool_and_mid_stream(
             ),
         )
         transcripts = {sid: client.messages(sid) for sid in (a, b)}
+        # ...until the restarted daemon finds it through the ledger and kills it.
+        wait_for("the orphaned tool process to be killed", lambda: not alive_with(orphan))
     finally:
         kill(daemon)
+        kill_group_of(orphan)  # whatever happened above, leave nothing behind
 
     finished = {
         json.loads(data)["message_id"]: json.loads(data)

@@ -66,6 +66,7 @@ from harness.providers.errors import ProviderError
 from harness.providers.retry import RetryNotice, RetryPolicy
 from harness.storage.ledger import Ledger
 from harness.tools.base import Tool
+from harness.tools.process import kill_orphans
 
 log = structlog.get_logger("harness.session")
 
@@ -100,6 +101,23 @@ TITLE_PROMPT = (
     "user's message below. Use the user's language. Answer with the title only: no quotes, "
     "no punctuation at the end."
 )
+
+
+def kill_orphaned_processes(ledger: Ledger, session_id: str) -> int:
+    """Kill what the tool calls of a crashed harness left running (their process groups).
+
+    A running call whose tool reported a process group has its identity in the ledger;
+    ``kill_orphans`` checks it against the live processes, so a reused group number is
+    left alone. Returns how many processes were killed.
+    """
+    killed = 0
+    for part in ledger.open_tool_parts(session_id):
+        identity = part.state.metadata.get("process") if part.state.status == "running" else None
+        if isinstance(identity, dict):
+            killed += kill_orphans(identity)
+    if killed:
+        log.warning("killed processes left by a crashed harness", count=killed)
+    return killed
 
 
 def close_open_work(
@@ -152,7 +170,11 @@ def abandon_turn(
     *,
     status: SessionStatus = "idle",
 ) -> list[NewEvent]:
-    """Events that end a claimed turn for good, without running it any further."""
+    """Events that end a claimed turn for good, without running it any further.
+
+    Processes its interrupted tool calls left running are killed first.
+    """
+    kill_orphaned_processes(ledger, session_id)
     result = TurnResult(message_id, "error", "", reason)
     events = [
         *close_open_work(ledger, session_id, reason),
@@ -388,6 +410,7 @@ class SessionActor:
     async def _resume(self, message_id: str, resumes: int) -> None:
         """Carry on a turn that a crash interrupted, from what the ledger shows."""
         structlog.contextvars.bind_contextvars(turn=message_id)
+        kill_orphaned_processes(self._ledger, self.session_id)
         if resumes >= MAX_RESUMES:
             reason = f"the turn was resumed {resumes} times after restarts and kept failing"
             log.error("turn abandoned", resumes=resumes)
@@ -545,9 +568,7 @@ class SessionActor:
             self._provider = (
                 factory(session.model)
                 if factory is not None
-                else create_provider(
-                    session.model, base_url=config.base_url, record=config.record
-                )
+                else create_provider(session.model, base_url=config.base_url, record=config.record)
             )
         _, model_name = split_model(session.model)
         layers = (services.rules_of(session), *self._lineage.ceilings)
@@ -564,9 +585,7 @@ class SessionActor:
             ledger=self._ledger,
             permission=services.permission,
             output_dir=config.tool_output_dir,
-            subtasks=ChildSessions(
-                services, session, self._lineage, self._children, self._budget
-            ),
+            subtasks=ChildSessions(services, session, self._lineage, self._children, self._budget),
             todos=SessionTodos(session.id, self._ledger),
             questions=SessionQuestions(session.id, services.questions),
         )

@@ -14,6 +14,7 @@ import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ from harness.tools.base import (
     ToolParams,
     ToolRejected,
 )
+from harness.tools.process import process_identity
 from harness.tools.truncate import truncate_output
 
 log = structlog.get_logger("harness.tools")
@@ -304,6 +306,15 @@ class ToolExecutor:
                 running.append(before)
             await self._ledger.write(running, blobs=blobs)
         log.debug("tool started", call_id=call.call_id, tool=call.tool, title=title)
+
+        async def report_process(pgid: int) -> None:
+            # Durable before the command runs on: a restart after a crash finds the group.
+            identity = process_identity(pgid)
+            metadata = {"process": identity} if identity is not None else {}
+            state = ToolRunning(input=raw, title=title, metadata=metadata, start=start)
+            await self._ledger.write([self._record(message_id, call, state)])
+
+        context = replace(context, report_process=report_process)
         try:
             result = await tool.execute(args, context)
         except ToolFailure as error:

@@ -12,6 +12,7 @@ itself, so an unapproved command can never start a process.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
@@ -103,6 +104,9 @@ class ToolContext:
     subtasks: Subtasks | None = None
     todos: Todos | None = None
     questions: Questions | None = None
+    # A tool that starts a process group reports its id here, so that the ledger can name
+    # it and a harness restarted after a crash can kill what the dead one left running.
+    report_process: Callable[[int], Awaitable[None]] | None = None
 
 
 @dataclass(slots=True)

@@ -226,6 +226,8 @@ class BashTool(Tool[BashParams]):
         output = _OutputBuffer(ctx.output_dir / f"{ctx.call_id}.log")
         timed_out = False
         try:
+            if ctx.report_process is not None:
+                await ctx.report_process(pgid)
             async with trio.open_nursery() as nursery:
                 drained = trio.Event()
                 nursery.start_soon(_pump, stdout, output, drained)

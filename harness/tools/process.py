@@ -90,3 +90,61 @@ async def kill_process_group(pgid: int, *, grace: float = 0.2) -> None:
             return
         with trio.move_on_after(KILL_WAIT):
             await _wait_dead(pgid)
+
+
+def _stat_fields(pid: int | str) -> list[bytes] | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rfind(b")") + 2 :].split()
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def process_identity(pid: int) -> dict[str, object] | None:
+    """What tells this process group apart from a later one that reuses its number.
+
+    The leader's start time (clock ticks since boot) and the boot id: a group found after
+    a restart is ours only if the machine has not rebooted and its members started no
+    earlier than our leader did.
+    """
+    fields = _stat_fields(pid)
+    if fields is None or len(fields) < 20:
+        return None
+    return {"pgid": pid, "started": int(fields[19]), "boot": _boot_id()}
+
+
+def kill_orphans(identity: dict[str, object]) -> int:
+    """SIGKILL what is left of a group a crashed harness started; returns how many.
+
+    Nobody waits on these processes any more (their harness died), so there is no grace
+    period to give. Members are checked one by one against the recorded identity, so a
+    group number that was reused by someone else's processes is left alone.
+    """
+    pgid, started, boot = identity.get("pgid"), identity.get("started"), identity.get("boot")
+    if not isinstance(pgid, int) or not isinstance(started, int) or boot != _boot_id():
+        return 0
+    killed = 0
+    wanted = str(pgid).encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        fields = _stat_fields(entry)
+        if fields is None or len(fields) < 20 or fields[2] != wanted:
+            continue
+        if fields[0] in (b"Z", b"X") or int(fields[19]) < started:
+            continue
+        try:
+            os.kill(int(entry), signal.SIGKILL)
+            killed += 1
+        except (ProcessLookupError, PermissionError):
+            continue
+    return killed
