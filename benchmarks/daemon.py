@@ -212,7 +212,7 @@ def _count_frames(
                 first = now
             count += frames
             last = now
-            if b"feed.overflow" in data:
+            if b"feed.overflow" in data or b'"turn.finished"' in data:
                 break
     except TimeoutError:
         pass
@@ -221,10 +221,17 @@ def _count_frames(
     out.append((count, first, last))
 
 
-def sse_rate(subscribers: int, deltas: int = 20_000) -> dict[str, Any]:
+def sse_rate(subscribers: int, calls: int = 600) -> dict[str, Any]:
+    # Durable events as fast as the loop makes them: one step of many read calls (each a
+    # handful of events). Live text deltas would not do: they are coalesced at the source.
     daemon = Daemon()
+    deltas = calls * 8  # more than the frames the session can produce: read until the end
     try:
-        model = daemon.script("burst", [{"text": "y" * deltas, "chunks": deltas}])
+        reads = [
+            {"name": "read", "arguments": {"path": "f0.txt", "offset": i % 20 + 1}}
+            for i in range(calls)
+        ]
+        model = daemon.script("burst", [{"tool_calls": reads}, {"text": "done"}])
         (session_id,) = daemon.sessions(model, 1)
         results: list[tuple[int, float, float]] = []
         threads = [

@@ -381,6 +381,20 @@ class EventStream:
     async def receive(self) -> Event:
         await trio.lowlevel.checkpoint()
         while True:
+            try:
+                return self.receive_nowait()
+            except trio.WouldBlock:
+                pass
+            try:
+                event = await self._live.receive()
+            except (trio.EndOfChannel, trio.ClosedResourceError):
+                return self._live_ended()
+            if self._fresh(event):
+                return event
+
+    def receive_nowait(self) -> Event:
+        """The next event if one is ready; ``trio.WouldBlock`` if not (lets a writer batch)."""
+        while True:
             if self._replayed:
                 event = self._replayed.popleft()
                 self.last_seq = event.seq or self.last_seq
@@ -391,17 +405,24 @@ class EventStream:
             if self._ended:
                 raise trio.EndOfChannel
             try:
-                event = await self._live.receive()
+                event = self._live.receive_nowait()
             except (trio.EndOfChannel, trio.ClosedResourceError):
-                self._ended = True
-                if self._harness.closing:
-                    raise trio.EndOfChannel from None
-                return overflow_event(self._session_id or "", self.last_seq)
-            if event.seq is not None:
-                if event.seq <= self.last_seq:
-                    continue  # already replayed
-                self.last_seq = event.seq
-            return event
+                return self._live_ended()
+            if self._fresh(event):
+                return event
+
+    def _fresh(self, event: Event) -> bool:
+        if event.seq is not None:
+            if event.seq <= self.last_seq:
+                return False  # already replayed
+            self.last_seq = event.seq
+        return True
+
+    def _live_ended(self) -> Event:
+        self._ended = True
+        if self._harness.closing:
+            raise trio.EndOfChannel from None
+        return overflow_event(self._session_id or "", self.last_seq)
 
     def __aiter__(self) -> EventStream:
         return self

@@ -46,7 +46,25 @@ async def _git(directory: Path, *args: str) -> str | None:
     return result.stdout.decode("utf-8", "replace")
 
 
+# Many sessions in one directory start turns together (a daemon resuming after a restart,
+# a fan-out of subtasks): they share one git look-up made within this many seconds.
+ENVIRONMENT_TTL = 2.0
+_environment: dict[Path, tuple[float, SystemBlock]] = {}
+_environment_locks: dict[Path, trio.Lock] = {}
+
+
 async def environment_block(directory: Path) -> SystemBlock:
+    lock = _environment_locks.setdefault(directory, trio.Lock())
+    async with lock:
+        cached = _environment.get(directory)
+        if cached is not None and time.monotonic() - cached[0] < ENVIRONMENT_TTL:
+            return cached[1]
+        block = await _environment_block(directory)
+        _environment[directory] = (time.monotonic(), block)
+        return block
+
+
+async def _environment_block(directory: Path) -> SystemBlock:
     lines = [
         f"Working directory: {directory}",
         f"Platform: {platform.system().lower()}",
