@@ -583,7 +583,9 @@ async def test_cancel_stops_a_running_bash_tree(tmp_path: Path, project: Path) -
         async def on_event(event: Event) -> None:
             if event.type != "part.updated" or event.data.get("type") != "tool":
                 return
-            if event.data["state"]["status"] != "running":
+            state = event.data["state"]
+            # The running update that names the process group: the command has started.
+            if state["status"] != "running" or "process" not in state["metadata"]:
                 return
             for _ in range(400):  # /proc has no change notification: poll, up to 2 s
                 if len(live_with_marker(f"sleep {marker}")) >= 2:
@@ -620,6 +622,7 @@ async def test_cancel_during_a_tool_marks_the_assistant_message_aborted(
                 event.type == "part.updated"
                 and event.data.get("type") == "tool"
                 and event.data["state"]["status"] == "running"
+                and "process" in event.data["state"]["metadata"]  # the command has started
             ):
                 assert await lp.h.cancel(lp.sid)
 
