@@ -53,6 +53,7 @@ from harness.messages.question import Answers, QuestionRequest
 from harness.messages.todo import Todo
 from harness.providers import split_model
 from harness.storage.ledger import Ledger
+from harness.storage.lock import hold_ledger
 from harness.tools.registry import builtin_tools, tool_specs
 
 log = structlog.get_logger("harness")
@@ -450,6 +451,13 @@ async def open_harness(config: Config | None = None) -> AsyncIterator[Harness]:
             format=config.log_format,
             file=config.log_file or config.home / "logs" / "harness.jsonl",
         )
+    with hold_ledger(config.ledger_path):
+        async with _open_harness(config) as harness:
+            yield harness
+
+
+@asynccontextmanager
+async def _open_harness(config: Config) -> AsyncIterator[Harness]:
     ledger = Ledger(config.ledger_path, durability=config.durability)
     feed = EventFeed()
     permission = Permission(ledger, interactive=config.interactive)

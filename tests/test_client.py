@@ -94,13 +94,15 @@ def test_run_through_the_daemon_prints_what_embedded_prints(
     model = _script(tmp_path, turns)
     args = ("run", "--model", model, "--dir", str(project), "go")
     through = harness(env, *args)
-    embedded = harness(env, *args, "--embedded")
+    # Embedded on a home of its own: the daemon holds its ledger while it runs.
+    alone = {**env, "HARNESS_HOME": str(tmp_path / "embedded-home")}
+    embedded = harness(alone, *args, "--embedded")
     assert through.returncode == embedded.returncode == code, through.stderr
     assert through.stdout == embedded.stdout
     assert through.stderr == embedded.stderr
     assert not (project / "made-it").exists()
     served = [s for s in daemon.sessions() if s["model"] == model]
-    assert len(served) == 2, "one session through the daemon (the other ran embedded)"
+    assert len(served) == 1, "one session through the daemon (the other ran embedded)"
     requests = [line for line in _log_lines(tmp_path / "daemon.log") if line["event"] == "request"]
     assert any(r["path"].endswith("/prompt") and r["status"] == 202 for r in requests)
 

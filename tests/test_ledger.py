@@ -186,3 +186,34 @@ def test_full_durability_sets_synchronous_full(tmp_path: Path) -> None:
         assert ledger._write.execute("PRAGMA synchronous").fetchall()[0][0] == 2
     finally:
         ledger.close()
+
+
+async def test_one_running_harness_per_ledger(tmp_path: Path) -> None:
+    """A second harness on the same ledger would resume the first one's turns: refused."""
+    import os
+    import sys
+
+    from harness import Config, open_harness
+    from harness.storage.lock import LedgerInUseError
+
+    config = Config(home=tmp_path / "home", model="scripted:x")
+    async with open_harness(config):
+        with pytest.raises(LedgerInUseError, match=f"pid {os.getpid()}"):
+            async with open_harness(Config(home=tmp_path / "home", model="scripted:x")):
+                pass
+        # The CLI says so plainly and exits 1, touching nothing.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
+        env["HARNESS_HOME"] = str(tmp_path / "home")
+        result = await trio.run_process(
+            [sys.executable, "-m", "harness", "run", "--embedded", "--model", "scripted:x", "hi"],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            env=env,
+        )
+        assert result.returncode == 1
+        assert b"in use by a running harness" in result.stderr
+        assert b"Traceback" not in result.stderr
+    # Released when the first one ends (and by the kernel if its process dies).
+    async with open_harness(Config(home=tmp_path / "home", model="scripted:x")):
+        pass
