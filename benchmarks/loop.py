@@ -135,6 +135,8 @@ def child(steps: int, base: Path, profile: Path | None) -> None:
         home=home,
         model=f"scripted:{script}",
         interactive=False,
+        # A window no run here reaches: this measures a growing history, not compaction.
+        model_limits={"scripted": (10_000_000, 4_096)},
         provider_factory=lambda model: Stamped(create_provider(model)),  # type: ignore[arg-type,return-value]
     )
     outcome: dict[str, Any] = {}

@@ -38,6 +38,8 @@ class _Entry:
     pruned: tuple[ChatMessage, ...] | None = None  # the same with old tool outputs elided
     tokens: int = 0  # estimated tokens of ``chat``
     tool_tokens: int = 0  # of which tool outputs
+    is_reply: bool = False  # an assistant reply with something to show (or a summary)
+    counted: bool = False  # whether the figures above are in the History's running totals
 
 
 def estimate_tokens(text: str) -> int:
@@ -94,6 +96,13 @@ class History:
         self._compaction: tuple[str, CompactionPart] | None = None  # the latest summary
         self._orphans: dict[str, dict[str, Part]] = {}
         self.mark = 0
+        # Running totals, kept up to date from the messages that changed, so that a step
+        # does not walk the whole history to estimate it (that would grow with its length).
+        self._dirty: set[str] = set()
+        self._totals_valid = True
+        self._tokens = 0  # visible messages
+        self._tool_tokens = 0  # visible messages' tool outputs
+        self._replies = 0  # all messages
 
     def sync(self) -> None:
         messages, parts, self.mark = self._ledger.changes(self.session_id, self.mark)
@@ -109,6 +118,7 @@ class History:
             else:
                 entry.message = message
                 entry.chat = None
+            self._dirty.add(message.id)
         for part in parts:
             owner = self._entries.get(part.message_id)
             if owner is None:
@@ -116,8 +126,37 @@ class History:
                 continue
             owner.parts[part.id] = part
             owner.chat = None
+            self._dirty.add(part.message_id)
             if isinstance(part, CompactionPart):
                 self._compaction = (part.message_id, part)
+                self._totals_valid = False  # what is visible changed: count it all again
+
+    def _refresh(self) -> None:
+        """Bring the running totals up to date with what changed since the last call."""
+        if not self._totals_valid:
+            self._tokens = self._tool_tokens = self._replies = 0
+            for entry in self._entries.values():
+                entry.counted = False
+            self._dirty = set(self._order)
+            self._totals_valid = True
+        if not self._dirty:
+            return
+        hidden = set(self._order) - set(self._visible()) if self._compaction else set()
+        for message_id in self._dirty:
+            entry = self._entries[message_id]
+            visible = message_id not in hidden
+            if entry.counted:
+                self._replies -= entry.is_reply
+                if visible:
+                    self._tokens -= entry.tokens
+                    self._tool_tokens -= entry.tool_tokens
+            self._view_of(message_id)
+            self._replies += entry.is_reply
+            if visible:
+                self._tokens += entry.tokens
+                self._tool_tokens += entry.tool_tokens
+            entry.counted = True
+        self._dirty.clear()
 
     # --- the model's view -------------------------------------------------------------------
 
@@ -143,6 +182,9 @@ class History:
                 for m in entry.chat
                 if not isinstance(m, ToolResult)
             )
+            entry.is_reply = isinstance(message, AssistantMessage) and (
+                message.mode == "compaction" or bool(entry.chat)
+            )
         return entry
 
     def _visible(self) -> list[str]:
@@ -165,10 +207,12 @@ class History:
         (pruning a little would only spoil the provider's prompt cache); the ledger keeps
         them whole.
         """
+        self._refresh()
         visible = self._visible()
         entries = [self._view_of(i) for i in visible]
         cut = 0  # entries before this index show pruned tool outputs
-        if prune_protect is not None:
+        # The walk is needed only once there is more tool output than is protected.
+        if prune_protect is not None and self._tool_tokens > prune_protect:
             seen = 0
             for index in range(len(entries) - 1, -1, -1):
                 seen += entries[index].tool_tokens
@@ -196,7 +240,8 @@ class History:
 
     def estimate(self) -> int:
         """Estimated tokens of the model's view (before pruning), summary included."""
-        total = sum(self._view_of(i).tokens for i in self._visible())
+        self._refresh()
+        total = self._tokens
         if self._compaction is not None:
             total += estimate_tokens(self._compaction[1].summary)
         return total
@@ -216,7 +261,10 @@ class History:
                 return None
             entry = self._view_of(message_id)
             message = entry.message
-            if isinstance(message, AssistantMessage) and message.tokens.input > 0:
+            if isinstance(message, AssistantMessage) and message.mode == "step":
+                # Only the latest step's count is current; without one, estimate instead.
+                if message.tokens.input <= 0:
+                    return None
                 return message.tokens.input + message.tokens.output + entry.tool_tokens + added
             added += entry.tokens
         return None
@@ -234,14 +282,8 @@ class History:
 
     def assistant_turns(self) -> int:
         """Assistant replies in the whole history (summarized ones and summaries included)."""
-        count = 0
-        for message_id in self._order:
-            entry = self._entries[message_id]
-            if isinstance(entry.message, AssistantMessage) and (
-                entry.message.mode == "compaction" or self._view_of(message_id).chat
-            ):
-                count += 1
-        return count
+        self._refresh()
+        return self._replies
 
     # --- what the loop decides from ---------------------------------------------------------
 
