@@ -20,7 +20,7 @@ from harness.tools.base import (
     ToolOutput,
     ToolParams,
 )
-from harness.tools.paths import display_path, external_need, resolve_path
+from harness.tools.paths import display_path, path_needs, resolve_path
 
 T = TypeVar("T")
 
@@ -188,10 +188,8 @@ class GlobTool(Tool[GlobParams]):
 
     def permissions(self, args: GlobParams, ctx: ToolContext) -> list[PermissionNeed]:
         root = resolve_path(args.path or ".", ctx)
-        needs = [need] if (need := external_need(root, ctx)) else []
         # The pattern is rarely reused, so "always" covers the tool, not this one pattern.
-        needs.append(PermissionNeed(permission="glob", pattern=args.pattern, always="*"))
-        return needs
+        return path_needs("glob", root, ctx, pattern=args.pattern, always="*")
 
     def title(self, args: GlobParams) -> str:
         return f"glob {args.pattern}" + (f" in {args.path}" if args.path else "")

@@ -18,7 +18,7 @@ from harness.tools.base import (
     ToolParams,
 )
 from harness.tools.glob import compile_glob, run_scan, walk_files
-from harness.tools.paths import display_path, external_need, resolve_path
+from harness.tools.paths import display_path, path_needs, resolve_path
 from harness.tools.read import BINARY_SAMPLE, cut_line, looks_binary
 
 MAX_MATCHES = 100
@@ -111,10 +111,8 @@ class GrepTool(Tool[GrepParams]):
 
     def permissions(self, args: GrepParams, ctx: ToolContext) -> list[PermissionNeed]:
         root = resolve_path(args.path or ".", ctx)
-        needs = [need] if (need := external_need(root, ctx)) else []
         # A regex is rarely reused, so "always" covers the tool, not this one pattern.
-        needs.append(PermissionNeed(permission="grep", pattern=args.pattern, always="*"))
-        return needs
+        return path_needs("grep", root, ctx, pattern=args.pattern, always="*")
 
     def title(self, args: GrepParams) -> str:
         return f"grep {args.pattern}" + (f" in {args.path}" if args.path else "")

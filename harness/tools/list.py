@@ -17,7 +17,7 @@ from harness.tools.base import (
     ToolParams,
 )
 from harness.tools.glob import compile_glob
-from harness.tools.paths import display_path, external_need, resolve_path
+from harness.tools.paths import display_path, path_needs, resolve_path
 
 MAX_ENTRIES = 100
 DEFAULT_IGNORES = (
@@ -113,10 +113,7 @@ class ListTool(Tool[ListParams]):
     read_only = True
 
     def permissions(self, args: ListParams, ctx: ToolContext) -> list[PermissionNeed]:
-        root = resolve_path(args.path or ".", ctx)
-        needs = [need] if (need := external_need(root, ctx)) else []
-        needs.append(PermissionNeed(permission="list", pattern=str(root), always=str(root)))
-        return needs
+        return path_needs("list", resolve_path(args.path or ".", ctx), ctx)
 
     def title(self, args: ListParams) -> str:
         return f"list {args.path or '.'}"

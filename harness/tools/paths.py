@@ -44,6 +44,23 @@ def external_need(path: Path, ctx: ToolContext) -> PermissionNeed | None:
     )
 
 
+def path_needs(
+    permission: str,
+    path: Path,
+    ctx: ToolContext,
+    *,
+    pattern: str | None = None,
+    always: str | None = None,
+) -> list[PermissionNeed]:
+    """What a call on ``path`` needs: ``external_directory`` first when it is outside the
+    session directory, then ``permission`` on the path (or on ``pattern``, when the rules
+    are about something else, like a regex)."""
+    needs = [need] if (need := external_need(path, ctx)) else []
+    subject = pattern if pattern is not None else str(path)
+    needs.append(PermissionNeed(permission, subject, always if always is not None else subject))
+    return needs
+
+
 def display_path(path: Path, ctx: ToolContext) -> str:
     """Relative to the session dir when inside it (``.`` for the dir itself), else absolute."""
     root = _root(ctx)

@@ -17,7 +17,7 @@ from harness.tools.base import (
     ToolOutput,
     ToolParams,
 )
-from harness.tools.paths import display_path, external_need, resolve_path
+from harness.tools.paths import display_path, path_needs, resolve_path
 from harness.tools.truncate import MAX_BYTES, MAX_LINES
 
 DEFAULT_LIMIT = 2000
@@ -174,10 +174,7 @@ class ReadTool(Tool[ReadParams]):
     read_only = True
 
     def permissions(self, args: ReadParams, ctx: ToolContext) -> list[PermissionNeed]:
-        path = resolve_path(args.path, ctx)
-        needs = [need] if (need := external_need(path, ctx)) else []
-        needs.append(PermissionNeed(permission="read", pattern=str(path), always=str(path)))
-        return needs
+        return path_needs("read", resolve_path(args.path, ctx), ctx)
 
     def title(self, args: ReadParams) -> str:
         return f"read {args.path}"

@@ -14,7 +14,7 @@ from harness.tools.base import (
     ToolOutput,
     ToolParams,
 )
-from harness.tools.paths import display_path, external_need, resolve_path
+from harness.tools.paths import display_path, path_needs, resolve_path
 
 
 class WriteParams(ToolParams):
@@ -36,10 +36,7 @@ class WriteTool(Tool[WriteParams]):
     read_only = False
 
     def permissions(self, args: WriteParams, ctx: ToolContext) -> list[PermissionNeed]:
-        path = resolve_path(args.path, ctx)
-        needs = [need] if (need := external_need(path, ctx)) else []
-        needs.append(PermissionNeed(permission="edit", pattern=str(path), always=str(path)))
-        return needs
+        return path_needs("edit", resolve_path(args.path, ctx), ctx)
 
     def touched_paths(self, args: WriteParams, ctx: ToolContext) -> list[Path]:
         return [resolve_path(args.path, ctx)]
