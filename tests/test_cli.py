@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from procs import alive_with
 
 
 def _script(tmp_path: Path, turns: list[dict[str, Any]], name: str = "script.json") -> str:
@@ -146,21 +147,6 @@ def test_a_provider_error_exits_1_with_a_clear_message(tmp_path: Path, project: 
     assert "Traceback" not in result.stderr
 
 
-def _alive_with(marker: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker in cmdline and state not in ("Z", "X"):
-            pids.append(int(entry.name))
-    return pids
-
-
 def test_ctrl_c_cancels_cleanly_and_leaves_no_process(tmp_path: Path, project: Path) -> None:
     marker = "sleep 300.5151"
     model = _script(
@@ -186,13 +172,13 @@ def test_ctrl_c_cancels_cleanly_and_leaves_no_process(tmp_path: Path, project: P
         env=_env(tmp_path),
     )
     deadline = time.monotonic() + 20
-    while len(_alive_with(marker)) < 2 and time.monotonic() < deadline:
+    while len(alive_with(marker)) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _alive_with(marker), "the command never started"
+    assert alive_with(marker), "the command never started"
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=20)
     assert process.returncode == 130, stderr
-    assert _alive_with(marker) == []
+    assert alive_with(marker) == []
     shown = harness(tmp_path, "sessions", "--json")
     session = json.loads(shown.stdout)[0]
     transcript = json.loads(harness(tmp_path, "show", "--json", session["id"]).stdout)

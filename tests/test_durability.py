@@ -26,6 +26,7 @@ from typing import Any
 import apsw
 import pytest
 import trio
+from procs import alive_with
 
 from harness.actors.session import MAX_RESUMES, RESTART_NOTE
 from harness.client import Client
@@ -377,20 +378,6 @@ def kill_group_of(marker: str) -> None:
                 os.killpg(os.getpgid(int(entry)), signal.SIGKILL)
         except (OSError, ValueError):
             continue
-
-
-def alive_with(marker: str) -> list[int]:
-    """Live (not zombie) processes whose command line holds ``marker``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if entry.isdigit() and marker.encode() in cmdline and state not in ("Z", "X"):
-            found.append(int(entry))
-    return found
 
 
 def query(home: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:

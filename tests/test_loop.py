@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 import apsw
 import pytest
 import trio
+from procs import alive_with
 
 import harness.runtime
 from harness.config import Config
@@ -170,29 +171,6 @@ def replier(
             assert await h.reply_permission(event.data["id"], reply, message)
 
     return on_event
-
-
-def _stat(pid: str) -> str | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return None
-    return stat[stat.rfind(b")") + 2 :].split()[0].decode()
-
-
-def live_with_marker(marker: str) -> list[int]:
-    """Pids of live (non-zombie) processes whose command line contains ``marker``."""
-    found: list[int] = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
-        except OSError:
-            continue
-        if marker.encode() in cmdline and _stat(entry) not in (None, "Z", "X"):
-            found.append(int(entry))
-    return found
 
 
 @pytest.fixture
@@ -588,10 +566,10 @@ async def test_cancel_stops_a_running_bash_tree(tmp_path: Path, project: Path) -
             if state["status"] != "running" or "process" not in state["metadata"]:
                 return
             for _ in range(400):  # /proc has no change notification: poll, up to 2 s
-                if len(live_with_marker(f"sleep {marker}")) >= 2:
+                if len(alive_with(f"sleep {marker}")) >= 2:
                     break
                 await trio.sleep(0.005)
-            seen_alive.extend(live_with_marker(f"sleep {marker}"))
+            seen_alive.extend(alive_with(f"sleep {marker}"))
             assert await lp.h.cancel(lp.sid)
 
         started = time.monotonic()
@@ -599,7 +577,7 @@ async def test_cancel_stops_a_running_bash_tree(tmp_path: Path, project: Path) -
         assert time.monotonic() - started < 3
         assert len(seen_alive) >= 2  # both sleeps were running when the cancel came
         assert result.reason == "cancelled"
-        assert live_with_marker(f"sleep {marker}") == []
+        assert alive_with(f"sleep {marker}") == []
         [part] = await lp.tool_parts()
         assert part.call_id == "callCancel1"
         assert isinstance(part.state, ToolError) and part.state.error == "cancelled"

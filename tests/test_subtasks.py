@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from procs import alive_with
 
 from harness import Config, open_harness
 from harness.messages.model import Rule, SubtaskPart, ToolPart
@@ -93,21 +94,6 @@ async def test_parallel_tasks_return_each_answer_bound_to_its_call(
         assert results["callOne1"].startswith("one") and results["callTwo2"].startswith("two")
 
 
-def _alive(marker: str) -> list[int]:
-    alive = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker in cmdline and state not in ("Z", "X"):
-            alive.append(int(entry.name))
-    return alive
-
-
 async def test_cancelling_the_parent_stops_the_child_and_its_processes(
     tmp_path: Path, project: Path
 ) -> None:
@@ -130,11 +116,11 @@ async def test_cancelling_the_parent_stops_the_child_and_its_processes(
 
             nursery.start_soon(run)
             with trio.fail_after(10):
-                while len(_alive(marker)) < 2:
+                while len(alive_with(marker)) < 2:
                     await trio.sleep(0.01)
             assert await h.cancel(session.id)
         assert results[0].reason == "cancelled"
-        assert _alive(marker) == []
+        assert alive_with(marker) == []
         [child] = h.ledger.children(session.id)
         assert h.ledger.open_tool_parts(session.id) == []
         assert h.ledger.open_tool_parts(child.id) == []

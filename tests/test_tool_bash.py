@@ -9,6 +9,7 @@ from pathlib import Path
 import pydantic
 import pytest
 import trio
+from procs import live_processes, proc_stat
 
 from harness.tools.base import ToolContext
 from harness.tools.bash import MAX_TIMEOUT_MS, BashParams, BashTool
@@ -36,32 +37,6 @@ def saved(meta: dict[str, object]) -> bytes:
     return Path(str(meta["output_path"])).read_bytes()
 
 
-def _proc_stat(pid: str) -> tuple[str, int] | None:
-    """(state, pgrp) of a process, or None if it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    return fields[0].decode(), int(fields[2])
-
-
-def live_with_marker(marker: str) -> dict[int, int]:
-    """pid -> pgrp of every non-zombie process whose command line contains ``marker``."""
-    found: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
-        except OSError:
-            continue
-        stat = _proc_stat(entry)
-        if marker.encode() in cmdline and stat is not None and stat[0] not in ("Z", "X"):
-            found[int(entry)] = stat[1]
-    return found
-
-
 def ignores_sigterm(pid: int) -> bool:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("SigIgn:"):
@@ -72,7 +47,7 @@ def ignores_sigterm(pid: int) -> bool:
 async def wait_for_marker(marker: str, count: int) -> int:
     """Wait until ``count`` processes carry ``marker``; return their (single) pgid."""
     while True:
-        found = live_with_marker(marker)
+        found = live_processes(marker)
         if len(found) >= count:
             pgids = set(found.values())
             assert len(pgids) == 1, found
@@ -192,7 +167,7 @@ async def test_timeout_kills_and_reports(ctx: ToolContext) -> None:
     assert trio.current_time() - start < 3
     assert meta["timed_out"] is True
     assert output.startswith("started\n\n[Command timed out after 300 ms")
-    assert live_with_marker("300.201") == {}
+    assert live_processes("300.201") == {}
 
 
 async def test_background_job_does_not_hold_the_call(ctx: ToolContext) -> None:
@@ -201,7 +176,7 @@ async def test_background_job_does_not_hold_the_call(ctx: ToolContext) -> None:
         output, meta = await run(ctx, "sleep 300.301 & echo started")
     assert output == "started"
     assert meta["exit"] == 0
-    assert live_with_marker("300.301") == {}
+    assert live_processes("300.301") == {}
 
 
 async def test_cancel_kills_the_whole_tree(ctx: ToolContext) -> None:
@@ -221,7 +196,7 @@ async def test_cancel_kills_the_whole_tree(ctx: ToolContext) -> None:
     assert scope.cancelled_caught
     assert pgid is not None, "the command never started"
     assert not group_alive(pgid)
-    assert live_with_marker(marker) == {}
+    assert live_processes(marker) == {}
     assert kill_time < 1.0, kill_time
 
 
@@ -233,7 +208,7 @@ async def test_cancel_kills_a_grandchild_that_ignores_sigterm(ctx: ToolContext) 
         nonlocal pgid
         # bash -c and the sleep (bash execs the subshell's last command in place)
         pgid = await wait_for_marker(marker, 2)
-        assert any(ignores_sigterm(pid) for pid in live_with_marker(marker))
+        assert any(ignores_sigterm(pid) for pid in live_processes(marker))
 
     command = f"(trap '' TERM; sleep {marker}) & wait"
     with trio.move_on_after(0.3) as scope:
@@ -243,7 +218,7 @@ async def test_cancel_kills_a_grandchild_that_ignores_sigterm(ctx: ToolContext) 
     kill_time = trio.current_time() - scope.deadline
     assert pgid is not None, "the command never started"
     assert not group_alive(pgid)
-    assert live_with_marker(marker) == {}
+    assert live_processes(marker) == {}
     assert kill_time < 1.0, kill_time
 
 
@@ -271,7 +246,7 @@ async def test_group_alive_ignores_zombies() -> None:
     # Not reaped yet: the leader is a zombie, which killpg(pgid, 0) would still count.
     # Wait for the exit without reaping (WNOWAIT), so the leader stays a zombie.
     await trio.to_thread.run_sync(os.waitid, os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
-    assert _proc_stat(str(proc.pid)) == ("Z", proc.pid)
+    assert proc_stat(str(proc.pid)) == ("Z", proc.pid)
     os.killpg(proc.pid, 0)
     assert not group_alive(proc.pid)
     await proc.wait()
