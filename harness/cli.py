@@ -663,6 +663,7 @@ class _DaemonTurn:
             return  # replayed after a reconnect: answered already
         self._asked.add(data["id"])
         message: str | None = None
+        no_terminal = not self._interactive
         if self._interactive:
             print(self._view.question(event), end="", file=sys.stderr, flush=True)
             reply, message = _parse_answer(sys.stdin.readline())
@@ -676,7 +677,7 @@ class _DaemonTurn:
                 hint = no_terminal_hint(data["permission"], data["always"])
                 print(f"✗ {data['tool']}: the call was rejected: {hint}", file=sys.stderr)
         try:
-            self._client.reply_permission(data["id"], reply, message)
+            self._client.reply_permission(data["id"], reply, message, no_terminal=no_terminal)
         except ApiError as error:
             if error.status != 404:  # 404: someone else answered it first
                 raise

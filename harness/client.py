@@ -175,10 +175,19 @@ class Client:
         answer: list[dict[str, Any]] = self.request("GET", f"/v1/permissions{query}")
         return answer
 
-    def reply_permission(self, request_id: str, reply: str, message: str | None = None) -> None:
+    def reply_permission(
+        self,
+        request_id: str,
+        reply: str,
+        message: str | None = None,
+        *,
+        no_terminal: bool = False,
+    ) -> None:
         body: dict[str, Any] = {"reply": reply}
         if message is not None:
             body["message"] = message
+        if no_terminal:
+            body["no_terminal"] = True
         self.request("POST", f"/v1/permissions/{quote(request_id)}", body)
 
     def todos(self, session_id: str) -> list[dict[str, Any]]:

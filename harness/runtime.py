@@ -295,11 +295,22 @@ class Harness:
         return await reply_receive.receive()
 
     async def reply_permission(
-        self, request_id: str, reply: Reply, message: str | None = None
+        self,
+        request_id: str,
+        reply: Reply,
+        message: str | None = None,
+        *,
+        no_terminal: bool = False,
     ) -> bool:
-        """Answer a pending ask; False when no such ask is pending."""
+        """Answer a pending ask; False when no such ask is pending.
+
+        ``no_terminal`` (with ``reject``) says nobody could be asked: the call fails with
+        the same words, naming the flag that would allow it, as in a run with no terminal.
+        """
         done_send, done_receive = trio.open_memory_channel[bool](1)
-        await self._permission.mailbox.send(ReplyPermission(request_id, reply, message, done_send))
+        await self._permission.mailbox.send(
+            ReplyPermission(request_id, reply, message, done_send, no_terminal)
+        )
         return await done_receive.receive()
 
     # --- questions --------------------------------------------------------------------------

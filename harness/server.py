@@ -206,7 +206,9 @@ async def _list_permissions(h: Harness, request: Request) -> Response:
 
 async def _reply_permission(h: Harness, request: Request, request_id: str) -> Response:
     body: PermissionReplyBody = request.json(PermissionReplyBody)
-    if not await h.reply_permission(request_id, body.reply, body.message):
+    if not await h.reply_permission(
+        request_id, body.reply, body.message, no_terminal=body.no_terminal
+    ):
         raise ApiError(404, "not_found", f"no pending permission {request_id}")
     return Response(200, {"id": request_id, "reply": body.reply})
 

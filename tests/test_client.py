@@ -103,6 +103,14 @@ def test_run_through_the_daemon_prints_what_embedded_prints(
     assert not (project / "made-it").exists()
     served = [s for s in daemon.sessions() if s["model"] == model]
     assert len(served) == 1, "one session through the daemon (the other ran embedded)"
+    # The records agree too: a call rejected for want of a terminal says so, with the flag.
+    tools = [
+        p for m in daemon.messages(served[0]["id"]) for p in m["parts"] if p["type"] == "tool"
+    ]
+    if code == 4:
+        [rejected] = tools
+        assert "there is no terminal to ask" in rejected["state"]["error"]
+        assert "--allow 'bash:touch *'" in rejected["state"]["error"]
     requests = [line for line in _log_lines(tmp_path / "daemon.log") if line["event"] == "request"]
     assert any(r["path"].endswith("/prompt") and r["status"] == 202 for r in requests)
 

@@ -154,16 +154,20 @@ class Permission:
             )
         self._ledger.post(events)
         allowed = message.reply != "reject"
-        self._decide(
-            pending.ask,
-            PermissionDecision(
+        if not allowed and message.no_terminal:
+            hint = no_terminal_hint(request.permission, request.always)
+            decision = PermissionDecision(
+                False, "no-terminal", reply="reject", message=hint, request_id=request.id
+            )
+        else:
+            decision = PermissionDecision(
                 allowed,
                 "reply",
                 reply=message.reply,
                 message=message.message,
                 request_id=request.id,
-            ),
-        )
+            )
+        self._decide(pending.ask, decision)
         if message.reply == "always":
             self._settle_others(request.session_id)
         elif message.reply == "reject":

@@ -39,6 +39,9 @@ class PromptBody(_Body):
 class PermissionReplyBody(_Body):
     reply: Reply
     message: str | None = None
+    # A client with nobody to ask rejects on their behalf: the record then says so, with
+    # the flag that would allow the call, as an embedded run's record does.
+    no_terminal: bool = False
 
 
 class QuestionReplyBody(_Body):

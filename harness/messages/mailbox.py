@@ -102,6 +102,7 @@ class ReplyPermission:
     reply: Reply
     message: str | None
     done: trio.MemorySendChannel[bool]  # False when no such request is pending
+    no_terminal: bool = False  # rejected because nobody could be asked
 
 
 @dataclass(slots=True, frozen=True)
