@@ -31,6 +31,7 @@ from harness.messages.mailbox import (
     PlannedCall,
 )
 from harness.messages.model import (
+    PermissionAction,
     Rule,
     ToolCompleted,
     ToolError,
@@ -39,6 +40,7 @@ from harness.messages.model import (
     ToolState,
 )
 from harness.messages.permission import PermissionDecision, PermissionNeed
+from harness.permissions.ruleset import decide
 from harness.snapshots import Blob, CallSnapshot, patch_part
 from harness.storage.ledger import Ledger
 from harness.tools.base import (
@@ -241,6 +243,7 @@ class ToolExecutor:
             subtasks=self._subtasks,
             todos=self._todos,
             questions=self._questions,
+            check=self._check,
         )
         try:
             needs = tool.permissions(args, context)
@@ -259,6 +262,12 @@ class ToolExecutor:
                     message_id, call, describe_denial(need, decision), input=raw, stop=stop
                 )
         return await self._run(message_id, call, tool, args, raw, context)
+
+    def _check(self, permission: str, pattern: str) -> PermissionAction:
+        # Stored "always" approvals live in the Permission actor and are not consulted: a
+        # tool's own check errs towards skipping what an approval would have allowed.
+        action, _, _ = decide(permission, pattern, self._layers)
+        return action
 
     async def _ask(
         self, message_id: str, call: PlannedCall, need: PermissionNeed

@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from harness.messages.model import PermissionAction
 from harness.messages.permission import PermissionNeed
 from harness.messages.question import QuestionInfo, QuestionOutcome
 from harness.messages.todo import Todo
@@ -107,6 +108,15 @@ class ToolContext:
     # A tool that starts a process group reports its id here, so that the ledger can name
     # it and a harness restarted after a crash can kill what the dead one left running.
     report_process: Callable[[int], Awaitable[None]] | None = None
+    # What the gate would answer for a permission and pattern, asking nobody: for checks
+    # a tool makes on its own while it runs (each file a search opens, whether a command
+    # may reach the network), where an ask per file would be absurd. Only "allow" allows;
+    # without a gate (a tool run on its own, in a test) everything is "ask".
+    check: Callable[[str, str], PermissionAction] | None = None
+
+    def allows(self, permission: str, pattern: str) -> bool:
+        """Whether the rules allow ``permission`` on ``pattern`` without anyone being asked."""
+        return self.check is not None and self.check(permission, pattern) == "allow"
 
 
 @dataclass(slots=True)
