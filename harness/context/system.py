@@ -19,6 +19,8 @@ from pathlib import Path
 
 import trio
 
+from harness.gitsafe import git_output
+
 MAX_INSTRUCTIONS_BYTES = 64 * 1024
 MAX_STATUS_LINES = 20
 
@@ -30,20 +32,8 @@ class SystemBlock:
 
 
 async def _git(directory: Path, *args: str) -> str | None:
-    try:
-        result = await trio.run_process(
-            ["git", *args],
-            cwd=directory,
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-            stdin=b"",
-        )
-    except OSError:  # git is not installed
-        return None
-    if result.returncode != 0:
-        return None
-    return result.stdout.decode("utf-8", "replace")
+    # Through gitsafe: the repository's config must not choose programs for us to run.
+    return await git_output(directory, *args)
 
 
 # Many sessions in one directory start turns together (a daemon resuming after a restart,

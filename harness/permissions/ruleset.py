@@ -41,6 +41,8 @@ DEFAULT_RULES: tuple[Rule, ...] = (
     _rule("read", "ask", "*.env.*"),
     _rule("read", "allow", "*.env.example"),
     _rule("edit", "ask"),
+    # Writing a repository's config or hooks is running commands (harness/tools/paths.py).
+    _rule("git_internal", "ask"),
     _rule("bash", "ask"),
     _rule("webfetch", "ask"),
     _rule("external_directory", "ask"),

@@ -46,7 +46,7 @@ from harness.tools.base import (
     ToolOutput,
     ToolParams,
 )
-from harness.tools.paths import display_path, external_need, resolve_path
+from harness.tools.paths import display_path, resolve_path, write_needs
 
 BEGIN = "*** Begin Patch"
 END = "*** End Patch"
@@ -554,11 +554,8 @@ class ApplyPatchTool(Tool[ApplyPatchParams]):
         for op in parse_patch(args.patch):
             raw_paths = [op.path] if op.move_to is None else [op.path, op.move_to]
             for raw in raw_paths:
-                path = resolve_path(raw, ctx)
-                external = external_need(path, ctx)
-                edit = PermissionNeed(permission="edit", pattern=str(path), always=str(path))
-                for need in (external, edit):
-                    if need is not None and (need.permission, need.pattern) not in seen:
+                for need in write_needs(resolve_path(raw, ctx), ctx):
+                    if (need.permission, need.pattern) not in seen:
                         seen.add((need.permission, need.pattern))
                         needs.append(need)
         return needs

@@ -21,7 +21,7 @@ from harness.tools.base import (
     ToolOutput,
     ToolParams,
 )
-from harness.tools.paths import display_path, path_needs, resolve_path
+from harness.tools.paths import display_path, resolve_path, write_needs
 
 MAX_DIFF_LINES = 200
 
@@ -135,7 +135,7 @@ class EditTool(Tool[EditParams]):
     read_only = False
 
     def permissions(self, args: EditParams, ctx: ToolContext) -> list[PermissionNeed]:
-        return path_needs("edit", resolve_path(args.path, ctx), ctx)
+        return write_needs(resolve_path(args.path, ctx), ctx)
 
     def touched_paths(self, args: EditParams, ctx: ToolContext) -> list[Path]:
         return [resolve_path(args.path, ctx)]

@@ -61,6 +61,44 @@ def path_needs(
     return needs
 
 
+GIT_INTERNAL = "git_internal"
+
+
+def _looks_like_git_dir(directory: Path) -> bool:
+    # What git itself checks before taking a directory for a repository (setup.c):
+    # HEAD, objects/ and refs/. Catches bare repositories and separate git dirs.
+    return (
+        (directory / "HEAD").is_file()
+        and (directory / "objects").is_dir()
+        and (directory / "refs").is_dir()
+    )
+
+
+def inside_git_dir(path: Path) -> bool:
+    """Whether a resolved path is in a repository's own files (config, hooks, index).
+
+    Any component named ``.git`` (also the ``.git`` file of a worktree, and ``.GIT`` on a
+    case-insensitive disk), or any ancestor that git would take for a git directory.
+    """
+    if any(part.lower() == ".git" for part in path.parts):
+        return True
+    return any(_looks_like_git_dir(parent) for parent in path.parents)
+
+
+def write_needs(path: Path, ctx: ToolContext) -> list[PermissionNeed]:
+    """What writing ``path`` needs: ``path_needs("edit", ...)``, then ``git_internal`` when
+    the path is inside a git directory.
+
+    Writing a repository's config or hooks is running commands: git runs what
+    ``core.fsmonitor``, a hook or a filter driver names. So it is a permission of its
+    own (ask by default): ``--allow edit`` does not allow it.
+    """
+    needs = path_needs("edit", path, ctx)
+    if inside_git_dir(path):
+        needs.append(PermissionNeed(GIT_INTERNAL, str(path), str(path)))
+    return needs
+
+
 def display_path(path: Path, ctx: ToolContext) -> str:
     """Relative to the session dir when inside it (``.`` for the dir itself), else absolute."""
     root = _root(ctx)

@@ -14,7 +14,7 @@ from harness.tools.base import (
     ToolOutput,
     ToolParams,
 )
-from harness.tools.paths import display_path, path_needs, resolve_path
+from harness.tools.paths import display_path, resolve_path, write_needs
 
 
 class WriteParams(ToolParams):
@@ -36,7 +36,7 @@ class WriteTool(Tool[WriteParams]):
     read_only = False
 
     def permissions(self, args: WriteParams, ctx: ToolContext) -> list[PermissionNeed]:
-        return path_needs("edit", resolve_path(args.path, ctx), ctx)
+        return write_needs(resolve_path(args.path, ctx), ctx)
 
     def touched_paths(self, args: WriteParams, ctx: ToolContext) -> list[Path]:
         return [resolve_path(args.path, ctx)]
