@@ -180,9 +180,21 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _redact_output() -> None:
+    """Whatever a command prints passes redaction when this process knows a secret."""
+    from harness.secrets import RedactingStream, has_secrets
+
+    if has_secrets():
+        if not isinstance(sys.stdout, RedactingStream):
+            sys.stdout = RedactingStream(sys.stdout)
+        if not isinstance(sys.stderr, RedactingStream):
+            sys.stderr = RedactingStream(sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     parser = _parser()
     args = parser.parse_args(argv)
+    _redact_output()
     commands = {
         "run": _run,
         "serve": _serve,
@@ -247,15 +259,16 @@ def _exit_code_for(error: BaseException) -> int:
     import traceback
 
     from harness.config import default_home
+    from harness.private import open_private, private_dir
+    from harness.secrets import redact
 
-    log_dir = default_home() / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
+    log_dir = private_dir(private_dir(default_home()) / "logs")
     crash = log_dir / "crash.log"
-    with crash.open("a", encoding="utf-8") as out:
+    with open_private(crash, "a", encoding="utf-8") as out:
         out.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
-        traceback.print_exception(error, file=out)
+        out.write(redact("".join(traceback.format_exception(error))))
     print(
-        f"harness: internal error: {type(first).__name__}: {first} (details in {crash})",
+        redact(f"harness: internal error: {type(first).__name__}: {first} (details in {crash})"),
         file=sys.stderr,
     )
     return EXIT_ERROR
@@ -328,9 +341,11 @@ def _record_path(value: str | None) -> Path | None:
     """The cassette ``--record`` names, emptied now: a run records afresh."""
     if value is None:
         return None
+    from harness.private import open_private
+
     path = Path(value).expanduser()
     try:
-        path.write_bytes(b"")
+        open_private(path, "wb").close()
     except OSError as error:
         raise UsageError(f"--record {value}: {error.strerror or error}") from error
     return path

@@ -3,7 +3,9 @@
 A pipeline of small structlog processors. Context (``session_id``, ``turn``, ``step``,
 ``message_id``) lives in contextvars, which Trio copies into every task a task starts,
 so a line logged deep in a tool call still says which session and step it belongs to.
-Secrets never reach a line: keys that look like credentials are masked.
+Secrets never reach a line: keys that look like credentials are masked, and on the
+rendered line every known secret's value and anything shaped like a credential
+(harness/secrets.py). Log files are created 0600.
 """
 
 from __future__ import annotations
@@ -13,9 +15,12 @@ import logging
 import sys
 from collections.abc import MutableMapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 import structlog
+
+from harness.private import open_private, private_dir
+from harness.secrets import redact_log_text
 
 _SECRET_WORDS = ("key", "token", "secret", "password", "authorization")
 
@@ -34,6 +39,11 @@ def _mask_secrets(
         if _is_secret(name):
             event[name] = "***"
     return event
+
+
+def _redact_line(logger: Any, method: str, line: Any) -> Any:
+    # On the rendered line, so values nested anywhere and exception text are covered.
+    return redact_log_text(line) if isinstance(line, str) else line
 
 
 _stream: TextIO | None = None
@@ -76,8 +86,9 @@ def configure_logging(
     if _stream is not None and _stream is not sys.stderr:
         _stream.close()
     if file is not None:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        _stream = file.open("a", encoding="utf-8", buffering=1)
+        if not file.parent.exists():
+            private_dir(file.parent)
+        _stream = cast(TextIO, open_private(file, "a", encoding="utf-8", buffering=1))
     else:
         _stream = sys.stderr
     renderer: Any = (
@@ -95,6 +106,7 @@ def configure_logging(
             _mask_secrets,
             structlog.processors.format_exc_info,
             renderer,
+            _redact_line,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric_level),
         logger_factory=structlog.WriteLoggerFactory(file=_stream),

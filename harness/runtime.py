@@ -52,6 +52,7 @@ from harness.messages.permission import PermissionRequest, Reply
 from harness.messages.question import Answers, QuestionRequest
 from harness.messages.todo import Todo
 from harness.providers import split_model
+from harness.secrets import refresh_secrets
 from harness.storage.ledger import Ledger
 from harness.storage.lock import hold_ledger
 from harness.tools.registry import builtin_tools, tool_specs
@@ -456,6 +457,8 @@ def _leaves(error: BaseException) -> list[BaseException]:
 async def open_harness(config: Config | None = None) -> AsyncIterator[Harness]:
     """Start the actor tree under the caller's task; stop it when the block ends."""
     config = config or Config.from_env()
+    # The keys this harness may meet are those of its environment now.
+    refresh_secrets()
     if config.log_file is not None or not structlog.is_configured():
         configure_logging(
             level=config.log_level,

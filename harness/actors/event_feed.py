@@ -13,6 +13,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 
 import structlog
 import trio
@@ -25,6 +26,7 @@ from harness.messages.mailbox import (
     Subscription,
     Unsubscribe,
 )
+from harness.secrets import has_secrets, redact_data
 
 log = structlog.get_logger("harness.feed")
 
@@ -61,6 +63,9 @@ class EventFeed:
     def _handle(self, message: FeedMessage) -> None:
         if isinstance(message, Publish):
             for event in message.events:
+                if not event.durable and has_secrets():
+                    # Deltas and step.request skip the ledger, where the rest is redacted.
+                    event = replace(event, data=redact_data(event.data))
                 self._fan_out(event)
         elif isinstance(message, Subscribe):
             self._next_id += 1

@@ -41,6 +41,7 @@ from harness.messages.model import (
 )
 from harness.messages.permission import PermissionDecision, PermissionNeed
 from harness.permissions.ruleset import decide
+from harness.secrets import has_secrets, redact, redact_file
 from harness.snapshots import Blob, CallSnapshot, patch_part
 from harness.storage.ledger import Ledger
 from harness.tools.base import (
@@ -263,6 +264,14 @@ class ToolExecutor:
                 )
         return await self._run(message_id, call, tool, args, raw, context)
 
+    def _redact_saved_output(self, call_id: str) -> None:
+        if not has_secrets():
+            return
+        for suffix in (".log", ".txt"):  # bash's stream, the truncation's copy
+            path = self._output_dir / f"{call_id}{suffix}"
+            if path.parent == self._output_dir and path.exists():
+                redact_file(path)
+
     def _check(self, permission: str, pattern: str) -> PermissionAction:
         # Stored "always" approvals live in the Permission actor and are not consulted: a
         # tool's own check errs towards skipping what an approval would have allowed.
@@ -340,13 +349,17 @@ class ToolExecutor:
                 start=start,
             )
         finally:
+            # A tool's own copy of its output (bash's full log) is redacted like the rest,
+            # also when the call failed or was cancelled half way.
+            self._redact_saved_output(call.call_id)
             if snapshot is not None:
                 # Also on a failure or a cancel: what the files became is recorded either way.
                 changed, blobs = snapshot.after_event()
                 self._ledger.post([changed], blobs=blobs)
                 self._snapshots.append(snapshot)
+        # Before truncation, so the full copy saved under tool-output/ is clean too.
         output, extra = truncate_output(
-            result.output, output_dir=self._output_dir, call_id=call.call_id
+            redact(result.output), output_dir=self._output_dir, call_id=call.call_id
         )
         state = ToolCompleted(
             input=raw,

@@ -36,8 +36,10 @@ from typing import IO, Any
 import httpx
 
 from harness.messages.provider import ProviderRequest, StreamEvent
+from harness.private import open_private
 from harness.providers.base import Provider
 from harness.providers.errors import BadRequestError
+from harness.secrets import redact
 
 VERSION = 1
 PROVIDERS = ("mistral", "openai")
@@ -62,8 +64,10 @@ class CassetteWriter:
     def write(self, entry: dict[str, Any]) -> None:
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = self.path.open("ab")
-        self._file.write(json.dumps(entry, ensure_ascii=False).encode("utf-8") + b"\n")
+            # Responses echo what the session saw: the cassette is the owner's only.
+            self._file = open_private(self.path, "ab")
+        line = redact(json.dumps(entry, ensure_ascii=False))
+        self._file.write(line.encode("utf-8") + b"\n")
         self._file.flush()
 
     def close(self) -> None:

@@ -41,6 +41,8 @@ from harness.messages.model import (
     ToolPart,
 )
 from harness.messages.todo import Todo
+from harness.private import FILE_MODE, private_dir, private_file, tighten
+from harness.secrets import has_secrets, redact
 from harness.storage.projections import PROJECTIONS
 from harness.storage.schema import MIGRATIONS, SCHEMA_VERSION
 
@@ -66,11 +68,15 @@ class Ledger:
         self.path = path
         self.durability = durability
         self.post_delay = post_delay  # how long a fire-and-forget write may wait for company
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
+        # SQLite gives the -wal and -shm files the mode of the database file: 0600 too.
+        private_file(path)
         try:
             self._write = self._connect(path)
             self._migrate(self._write)
             self._read = self._connect(path)
+            for suffix in ("-wal", "-shm"):  # made by an older, looser harness
+                tighten(path.with_name(path.name + suffix), FILE_MODE)
         except apsw.Error as error:
             # Never "repair" by recreating: the file may hold someone's only record.
             raise LedgerError(
@@ -182,6 +188,13 @@ class Ledger:
                 events: list[Event] = []
                 for new in request.events:
                     text = _dumps(new.data)
+                    stored = new.data
+                    if has_secrets():
+                        # One pass over the serialized text; parsed again only when it
+                        # held a secret, so what is stored and what is published agree.
+                        clean = redact(text)
+                        if clean != text:
+                            text, stored = clean, json.loads(clean)
                     conn.execute(
                         "INSERT INTO events(ts, session_id, type, data) VALUES (?, ?, ?, ?)",
                         (now, new.session_id, new.type, text),
@@ -189,8 +202,8 @@ class Ledger:
                     seq = conn.last_insert_rowid()
                     project = PROJECTIONS.get(new.type)
                     if project is not None:
-                        project(conn, seq, new.data, text)
-                    events.append(Event(seq, now, new.type, new.session_id, new.data))
+                        project(conn, seq, stored, text)
+                    events.append(Event(seq, now, new.type, new.session_id, stored))
                 out.append(events)
         return out
 

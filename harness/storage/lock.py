@@ -15,6 +15,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from harness.private import private_dir
 from harness.storage.ledger import LedgerError
 
 
@@ -25,7 +26,7 @@ class LedgerInUseError(LedgerError):
 @contextlib.contextmanager
 def hold_ledger(ledger_path: Path) -> Iterator[None]:
     path = ledger_path.with_name(ledger_path.name + ".lock")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         try:

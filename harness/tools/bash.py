@@ -18,6 +18,7 @@ import trio
 from pydantic import Field, field_validator
 
 from harness.permissions.bash import bash_needs
+from harness.private import open_private, private_dir
 from harness.tools.base import (
     PermissionNeed,
     Tool,
@@ -101,8 +102,8 @@ class BashParams(ToolParams):
 
 
 def _open_spill(path: Path) -> BinaryIO:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return path.open("wb")
+    private_dir(path.parent)
+    return open_private(path, "wb")  # type: ignore[return-value]
 
 
 class _OutputBuffer:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from harness.private import open_private, private_dir
+
 MAX_LINES = 2000
 MAX_BYTES = 50 * 1024
 
@@ -31,9 +33,10 @@ def truncate_output(
     if len(lines) <= max_lines and encoded_len <= max_bytes:
         return text, {}
 
-    output_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(output_dir)
     path = output_dir / f"{call_id}.txt"
-    path.write_text(text, encoding="utf-8")
+    with open_private(path, "w", encoding="utf-8") as out:
+        out.write(text)
 
     kept: list[str] = []
     used = 0
