@@ -43,6 +43,14 @@ def private_file(path: Path) -> Path:
     return path
 
 
+def prepare_home(home: Path) -> None:
+    """``HARNESS_HOME`` and the directories harness keeps in it, owner-only."""
+    private_dir(home)
+    for name in ("logs", "tool-output"):
+        if (home / name).is_dir():
+            tighten(home / name, DIR_MODE)
+
+
 _FLAGS = {
     "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
     "w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,

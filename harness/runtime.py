@@ -51,6 +51,7 @@ from harness.messages.model import Delivery, InboxItem, MessageWithParts, Rule, 
 from harness.messages.permission import PermissionRequest, Reply
 from harness.messages.question import Answers, QuestionRequest
 from harness.messages.todo import Todo
+from harness.private import prepare_home
 from harness.providers import split_model
 from harness.secrets import refresh_secrets
 from harness.storage.ledger import Ledger
@@ -459,6 +460,7 @@ async def open_harness(config: Config | None = None) -> AsyncIterator[Harness]:
     config = config or Config.from_env()
     # The keys this harness may meet are those of its environment now.
     refresh_secrets()
+    prepare_home(config.home)
     if config.log_file is not None or not structlog.is_configured():
         configure_logging(
             level=config.log_level,
