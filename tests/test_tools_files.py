@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.permissions.ruleset import DEFAULT_RULES, decide
 from harness.tools.base import ToolContext, ToolFailure
 from harness.tools.edit import EditParams, EditTool
 from harness.tools.glob import GlobParams, GlobTool, compile_glob
@@ -33,6 +34,8 @@ def ctx(root: Path, tmp_path_factory: pytest.TempPathFactory) -> ToolContext:
         call_id="cal_x",
         directory=root,
         output_dir=tmp_path_factory.mktemp("tool-output"),
+        # The gate's answer under the default rules, as the executor gives it.
+        check=lambda permission, pattern: decide(permission, pattern, [DEFAULT_RULES])[0],
     )
 
 

@@ -18,7 +18,7 @@ from harness.tools.base import (
     ToolParams,
 )
 from harness.tools.glob import compile_glob, run_scan, walk_files
-from harness.tools.paths import display_path, path_needs, resolve_path
+from harness.tools.paths import display_path, may_read, path_needs, resolve_path, skipped_note
 from harness.tools.read import BINARY_SAMPLE, cut_line, looks_binary
 
 MAX_MATCHES = 100
@@ -41,15 +41,25 @@ class GrepParams(ToolParams):
 class _Scan:
     total: int = 0
     files: list[tuple[Path, list[tuple[int, str]]]] = field(default_factory=list)
+    skipped: int = 0  # files the read rules keep grep out of
 
 
-def _scan(candidates: list[Path], regex: re.Pattern[str], stop: threading.Event) -> _Scan:
-    """Count every match but keep the text of only the first MAX_MATCHES, newest files first."""
+def _scan(
+    candidates: list[Path], regex: re.Pattern[str], stop: threading.Event, ctx: ToolContext
+) -> _Scan:
+    """Count every match but keep the text of only the first MAX_MATCHES, newest files first.
+
+    Each file is opened only if ``read`` could open it (``may_read``): grep must not show
+    what read would refuse, through a symlink or a denied pattern.
+    """
     result = _Scan()
     kept = 0
     for path in candidates:
         if stop.is_set():
             break
+        if not may_read(path, ctx, resolved=True):
+            result.skipped += 1
+            continue
         try:
             with path.open("rb") as f:
                 head = f.read(BINARY_SAMPLE)
@@ -102,7 +112,7 @@ class GrepTool(Tool[GrepParams]):
         f"- Returns at most {MAX_MATCHES} matching lines as 'Line N: text' grouped by file, "
         "most recently modified files first.\n"
         "- Binary files, files over 5 MB and .git, node_modules, __pycache__ and .venv "
-        "directories are skipped.\n"
+        "directories are skipped, as are files the read rules do not allow (counted).\n"
         "- Escape regex metacharacters to search for literal text, e.g. 'foo\\(' for 'foo('.\n"
         "- Use glob to find files by name."
     )
@@ -130,12 +140,17 @@ class GrepTool(Tool[GrepParams]):
             compile_glob(args.include)  # a bad include fails here, not inside the thread
 
         def scan(stop: threading.Event) -> _Scan:
-            return _scan(_candidates(root, args.include, stop), regex, stop)
+            return _scan(_candidates(root, args.include, stop), regex, stop, ctx)
 
         result = await run_scan(scan)
         title = f"grep {args.pattern} in {shown}"
+        skipped = [skipped_note(result.skipped)] if result.skipped else []
         if not result.total:
-            return ToolOutput("No matches found", title=title, metadata={"matches": 0})
+            return ToolOutput(
+                "\n".join(["No matches found", *skipped]),
+                title=title,
+                metadata={"matches": 0, "skipped": result.skipped},
+            )
 
         shown_matches = sum(len(hits) for _, hits in result.files)
         lines = [f"Found {result.total} matches"]
@@ -148,8 +163,14 @@ class GrepTool(Tool[GrepParams]):
                 f"(Showing {shown_matches} of {result.total} matches. Use a more specific "
                 "pattern, path or include.)",
             ]
+        if skipped:
+            lines += ["", *skipped]
         return ToolOutput(
             "\n".join(lines),
             title=title,
-            metadata={"matches": result.total, "limited": result.total > shown_matches},
+            metadata={
+                "matches": result.total,
+                "limited": result.total > shown_matches,
+                "skipped": result.skipped,
+            },
         )

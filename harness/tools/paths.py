@@ -61,6 +61,26 @@ def path_needs(
     return needs
 
 
+def may_read(path: Path, ctx: ToolContext, *, resolved: bool = False) -> bool:
+    """Whether the rules let a search open ``path`` as ``read`` would, asking nobody.
+
+    The path is resolved first (a link to ``/etc/passwd`` is judged as ``/etc/passwd``),
+    then it must pass exactly the needs the read tool would have: ``external_directory``
+    when outside the session directory, and ``read`` on the file. Only "allow" counts:
+    a search cannot stop to ask about each file, so what would ask is skipped.
+    ``resolved``: the caller knows no component of ``path`` is a link (a walk from a
+    resolved root that follows no link), so only the last one needs a look.
+    """
+    real = path if resolved and not path.is_symlink() else Path(os.path.realpath(path))
+    return all(ctx.allows(need.permission, need.pattern) for need in path_needs("read", real, ctx))
+
+
+def skipped_note(count: int) -> str:
+    """The line a search adds when the read rules kept it out of some files."""
+    files = "file" if count == 1 else "files"
+    return f"({count} {files} skipped: not allowed by the read rules)"
+
+
 GIT_INTERNAL = "git_internal"
 
 

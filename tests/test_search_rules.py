@@ -1,0 +1,156 @@
+"""grep opens only what read may open; glob and list never walk out of the workspace."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import Config, open_harness
+from harness.messages.model import Rule, ToolPart
+from harness.permissions.ruleset import parse_rule_flag
+from harness.providers.scripted import ScriptedProvider
+from harness.runtime import Harness
+
+PASSWD = "root:x:0:0:root:/root:/bin/bash"
+TOKEN = "TOKEN=tok-7c1e9a55d2b4f0"
+
+
+def _workspace(tmp_path: Path) -> Path:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "passwd").write_text(PASSWD + "\n")
+    (outside / "secret-dir").mkdir()
+    (outside / "secret-dir" / "inner.txt").write_text(f"{PASSWD}\n{TOKEN}\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "passwd-link").symlink_to(outside / "passwd")
+    (work / "dir-link").symlink_to(outside / "secret-dir")
+    if Path("/etc/passwd").is_file():
+        (work / "etc-link").symlink_to("/etc/passwd")
+    (work / ".env").write_text(TOKEN + "\n")
+    (work / "sub").mkdir()
+    (work / "sub" / "prod.env").write_text(TOKEN + "\n")
+    (work / "notes.txt").write_text("root: the notes are allowed\nTOKEN docs are allowed\n")
+    return work
+
+
+def _grep(pattern: str, **extra: Any) -> dict[str, Any]:
+    return {"name": "grep", "arguments": {"pattern": pattern, **extra}}
+
+
+@asynccontextmanager
+async def _harness(
+    tmp_path: Path,
+    turns: list[dict[str, Any]],
+    rules: list[Rule],
+    subtasks: dict[str, list[dict[str, Any]]] | None = None,
+) -> AsyncIterator[Harness]:
+    provider = ScriptedProvider.from_turns(turns, subtasks=subtasks)
+    config = Config(
+        home=tmp_path / "home",
+        model="scripted:x",
+        provider_factory=lambda model: provider,
+        interactive=False,
+        rules=rules,
+    )
+    async with open_harness(config) as h:
+        yield h
+
+
+def _outputs(h: Harness, session_id: str) -> list[str]:
+    parts = [p for m in h.ledger.messages(session_id) for p in m.parts if isinstance(p, ToolPart)]
+    outputs = []
+    for part in parts:
+        assert part.state.status == "completed", part.state
+        outputs.append(part.state.output)  # type: ignore[union-attr]
+    return outputs
+
+
+DENY = [
+    parse_rule_flag("external_directory", "deny"),
+    parse_rule_flag("read:*.env", "deny"),
+]
+ALLOW = [
+    parse_rule_flag("external_directory", "allow"),
+    parse_rule_flag("read", "allow"),
+]
+
+
+@pytest.mark.parametrize("rules", [DENY, []], ids=["denied", "defaults"])
+async def test_grep_skips_what_read_may_not_open(
+    tmp_path: Path, rules: list[Rule]
+) -> None:
+    work = _workspace(tmp_path)
+    skipped = 4 if (work / "etc-link").exists() else 3  # 2 links out, .env and sub/prod.env
+    turns = [
+        {"tool_calls": [_grep("root:"), _grep("TOKEN"), _grep("TOKEN", path=".env")]},
+        {"text": "done"},
+    ]
+    async with _harness(tmp_path, turns, rules) as h:
+        session = await h.create_session(work)
+        result = await h.run(session.id, "find secrets")
+        assert result.reason == "answered"
+        root, token, direct = _outputs(h, session.id)
+    assert "notes.txt" in root and "root:x:0:0" not in root
+    assert f"({skipped} files skipped: not allowed by the read rules)" in root
+    assert "notes.txt" in token and "tok-7c1e9a55d2b4f0" not in token
+    assert direct == "No matches found\n(1 file skipped: not allowed by the read rules)"
+
+
+async def test_the_same_files_are_found_when_the_rules_allow_them(tmp_path: Path) -> None:
+    work = _workspace(tmp_path)
+    turns = [{"tool_calls": [_grep("root:"), _grep("TOKEN")]}, {"text": "done"}]
+    async with _harness(tmp_path, turns, ALLOW) as h:
+        session = await h.create_session(work)
+        await h.run(session.id, "find")
+        root, token = _outputs(h, session.id)
+    assert "passwd-link:" in root and "root:x:0:0" in root and "skipped" not in root
+    assert ".env:" in token and "sub/prod.env:" in token and "tok-7c1e9a55d2b4f0" in token
+
+
+async def test_a_task_child_is_held_to_the_parents_rules(tmp_path: Path) -> None:
+    work = _workspace(tmp_path)
+    turns = [
+        {"tool_calls": [{"name": "task", "arguments": {"description": "d", "prompt": "dig"}}]},
+        {"text": "parent done"},
+    ]
+    subtasks = {"dig": [{"tool_calls": [_grep("root:"), _grep("TOKEN")]}, {"text": "dug"}]}
+    async with _harness(tmp_path, turns, DENY, subtasks) as h:
+        session = await h.create_session(work)
+        result = await h.run(session.id, "delegate")
+        assert result.reason == "answered"
+        (child,) = h.ledger.children(session.id)
+        root, token = _outputs(h, child.id)
+    assert "notes.txt" in root and "root:x:0:0" not in root and "skipped" in root
+    assert "notes.txt" in token and "tok-7c1e9a55d2b4f0" not in token
+
+
+async def test_glob_and_list_never_follow_a_link_out_of_the_workspace(tmp_path: Path) -> None:
+    work = _workspace(tmp_path)
+    turns = [
+        {
+            "tool_calls": [
+                {"name": "glob", "arguments": {"pattern": "**/*"}},
+                {"name": "list", "arguments": {}},
+                _grep("TOKEN", path="dir-link"),
+            ]
+        },
+        {"text": "done"},
+    ]
+    async with _harness(tmp_path, turns, DENY) as h:
+        session = await h.create_session(work)
+        await h.run(session.id, "look")
+        parts = [
+            p for m in h.ledger.messages(session.id) for p in m.parts if isinstance(p, ToolPart)
+        ]
+    glob, listing, into_link = (p.state for p in parts)
+    assert glob.status == "completed" and listing.status == "completed"
+    # Names inside the workspace are listed; nothing behind the directory link is.
+    assert "notes.txt" in glob.output and "inner.txt" not in glob.output
+    assert "dir-link/" in listing.output and "inner.txt" not in listing.output
+    # Naming the link as the search root is a path outside: external_directory, denied.
+    assert into_link.status == "error" and "external_directory" in into_link.error
