@@ -475,13 +475,10 @@ def benchmark(quick: bool) -> tuple[dict[str, Any], list[tuple[str, str, str, bo
 
 
 def _git_head() -> str:
-    try:
-        done = subprocess.run(
-            ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=ROOT
-        )
-    except OSError:
-        return ""
-    return done.stdout.strip()
+    from harness.gitsafe import run_git_sync
+
+    done = run_git_sync(ROOT, "describe", "--always", "--dirty")
+    return done.stdout.strip() if done is not None else ""
 
 
 def _cpu_model() -> str:

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,11 +157,11 @@ async def _spawn(argv: list[str], directory: Path, env: dict[str, str]) -> GitRe
     )
 
 
-async def _filter_overrides(directory: Path, env: dict[str, str]) -> list[str]:
-    # Reading config runs nothing: no filter, no hook, no fsmonitor is consulted for it.
-    listing = await _spawn(
-        [*base_command(), "config", "--name-only", "--get-regexp", r"^filter\."], directory, env
-    )
+# Reading config runs nothing: no filter, no hook, no fsmonitor is consulted for it.
+_LIST_FILTERS = ("config", "--name-only", "--get-regexp", r"^filter\.")
+
+
+def _filter_overrides(listing: GitResult | None) -> list[str]:
     if listing is None or listing.returncode != 0:
         return []  # exit 1: no such keys (or not a repository: then nothing can run either)
     pairs: list[tuple[str, str]] = []
@@ -174,6 +175,18 @@ async def _filter_overrides(directory: Path, env: dict[str, str]) -> list[str]:
     return _config_args(pairs)
 
 
+def _argv(filters: GitResult | None, args: Sequence[str]) -> list[str]:
+    argv = [*base_command(), *_filter_overrides(filters)]
+    if not args:
+        return argv
+    command, rest = args[0], list(args[1:])
+    if command in _DIFF_COMMANDS:
+        rest = [*_DIFF_FLAGS, *rest]
+    if command == "status":
+        rest = ["--ignore-submodules=all", *rest]
+    return [*argv, command, *rest]
+
+
 async def run_git(directory: Path, *args: str) -> GitResult | None:
     """Run ``git ARGS`` in ``directory`` with every repository-chosen program disabled.
 
@@ -181,15 +194,35 @@ async def run_git(directory: Path, *args: str) -> GitResult | None:
     code and output, whatever they are.
     """
     env = git_environment()
-    argv = [*base_command(), *await _filter_overrides(directory, env)]
-    if not args:
-        return await _spawn(argv, directory, env)
-    command, rest = args[0], list(args[1:])
-    if command in _DIFF_COMMANDS:
-        rest = [*_DIFF_FLAGS, *rest]
-    if command == "status":
-        rest = ["--ignore-submodules=all", *rest]
-    return await _spawn([*argv, command, *rest], directory, env)
+    filters = await _spawn([*base_command(), *_LIST_FILTERS], directory, env)
+    return await _spawn(_argv(filters, args), directory, env)
+
+
+def _spawn_sync(argv: list[str], directory: Path, env: dict[str, str]) -> GitResult | None:
+    try:
+        done = subprocess.run(
+            argv,
+            cwd=directory,
+            env=env,
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            timeout=TIMEOUT,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return GitResult(
+        done.returncode,
+        done.stdout.decode("utf-8", "replace"),
+        done.stderr.decode("utf-8", "replace"),
+    )
+
+
+def run_git_sync(directory: Path, *args: str) -> GitResult | None:
+    """``run_git`` for code outside Trio (benchmark scripts labelling their results)."""
+    env = git_environment()
+    filters = _spawn_sync([*base_command(), *_LIST_FILTERS], directory, env)
+    return _spawn_sync(_argv(filters, args), directory, env)
 
 
 async def git_output(directory: Path, *args: str) -> str | None:

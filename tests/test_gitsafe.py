@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import Config, open_harness
-from harness.gitsafe import filter_drivers, git_output, run_git
+from harness.gitsafe import filter_drivers, git_output, run_git, run_git_sync
 from harness.providers.scripted import ScriptedProvider
 from harness.tools.apply_patch import ApplyPatchParams, ApplyPatchTool
 from harness.tools.base import ToolContext
@@ -208,3 +208,11 @@ def test_allow_edit_deny_bash_cannot_turn_a_write_into_a_command(tmp_path: Path)
     # And the write was what it claimed: plain git does run it.
     subprocess.run(["git", "status"], cwd=repo, capture_output=True, env=_env(tmp_path))
     assert marker.exists()
+
+
+def test_the_sync_variant_runs_nothing_either(tmp_path: Path) -> None:
+    repo, marker = hostile_repo(tmp_path)
+    (repo / "a.txt").write_text("changed\n")
+    described = run_git_sync(repo, "describe", "--always", "--dirty")
+    assert described is not None and described.stdout.strip().endswith("-dirty")
+    assert not marker.exists(), marker.read_text()
