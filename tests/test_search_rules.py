@@ -86,19 +86,63 @@ async def test_grep_skips_what_read_may_not_open(
 ) -> None:
     work = _workspace(tmp_path)
     skipped = 4 if (work / "etc-link").exists() else 3  # 2 links out, .env and sub/prod.env
-    turns = [
-        {"tool_calls": [_grep("root:"), _grep("TOKEN"), _grep("TOKEN", path=".env")]},
-        {"text": "done"},
-    ]
+    turns = [{"tool_calls": [_grep("root:"), _grep("TOKEN")]}, {"text": "done"}]
     async with _harness(tmp_path, turns, rules) as h:
         session = await h.create_session(work)
         result = await h.run(session.id, "find secrets")
         assert result.reason == "answered"
-        root, token, direct = _outputs(h, session.id)
+        root, token = _outputs(h, session.id)
     assert "notes.txt" in root and "root:x:0:0" not in root
     assert f"({skipped} files skipped: not allowed by the read rules)" in root
     assert "notes.txt" in token and "tok-7c1e9a55d2b4f0" not in token
-    assert direct == "No matches found\n(1 file skipped: not allowed by the read rules)"
+
+
+@pytest.mark.parametrize("rules", [DENY, []], ids=["denied", "defaults"])
+async def test_grep_of_one_named_file_needs_read_on_it(tmp_path: Path, rules: list[Rule]) -> None:
+    work = _workspace(tmp_path)
+    turns = [{"tool_calls": [_grep("TOKEN", path=".env")]}, {"text": "done"}]
+    async with _harness(tmp_path, turns, rules) as h:
+        session = await h.create_session(work)
+        result = await h.run(session.id, "find secrets")
+        parts = [
+            p for m in h.ledger.messages(session.id) for p in m.parts if isinstance(p, ToolPart)
+        ]
+    assert result.reason == "denied"  # asked like read (rejected: no terminal) or denied
+    (state,) = (p.state for p in parts)
+    assert state.status == "error" and "read" in state.error
+    assert "tok-7c1e9a55d2b4f0" not in state.error
+
+
+async def test_a_search_the_user_approved_may_open_what_it_was_approved_for(
+    tmp_path: Path,
+) -> None:
+    work = _workspace(tmp_path)
+    outside = tmp_path / "outside"
+    turns = [{"tool_calls": [_grep("root:", path=str(outside))]}, {"text": "done"}]
+    provider = ScriptedProvider.from_turns(turns)
+    config = Config(
+        home=tmp_path / "home",
+        model="scripted:x",
+        provider_factory=lambda model: provider,
+        interactive=True,  # asks wait for a reply through the API
+    )
+    asked: list[str] = []
+    async with open_harness(config) as h:
+        session = await h.create_session(work)
+        async with h.subscribe(session.id) as events:
+            await h.prompt(session.id, "look outside")
+            async for event in events:
+                if event.type == "permission.asked":
+                    asked.append(event.data["permission"])
+                    assert await h.reply_permission(event.data["id"], "once")
+                elif event.type == "turn.finished":
+                    reason = event.data["reason"]
+                    break
+        (output,) = _outputs(h, session.id)
+    assert reason == "answered" and asked == ["external_directory"]
+    # Approved once for outside/*: its files are read, the nested one too.
+    assert "root:x:0:0" in output and "secret-dir/inner.txt" in output
+    assert "skipped" not in output
 
 
 async def test_the_same_files_are_found_when_the_rules_allow_them(tmp_path: Path) -> None:

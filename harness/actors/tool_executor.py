@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -81,6 +81,17 @@ def describe_denial(need: PermissionNeed, decision: PermissionDecision) -> str:
     rule = decision.rule
     shown = f" (rule {rule.permission}:{rule.pattern} → {rule.action})" if rule else ""
     return f"a permission rule denies {subject}{shown}; the call was not run"
+
+
+def _within(granted: str, pattern: str) -> bool:
+    """Whether a granted path pattern (``/a/b`` or ``/a/b/*``) covers ``pattern``.
+
+    Taken literally: a directory whose name holds ``*`` or ``?`` must not turn into a
+    wildcard that covers its neighbours.
+    """
+    if granted.endswith("/*"):
+        return pattern.startswith(granted[:-1]) and len(pattern) > len(granted) - 1
+    return pattern == granted
 
 
 @contextmanager
@@ -262,6 +273,7 @@ class ToolExecutor:
                 return self._fail(
                     message_id, call, describe_denial(need, decision), input=raw, stop=stop
                 )
+        context = replace(context, check=self._granted_check(needs))
         return await self._run(message_id, call, tool, args, raw, context)
 
     def _redact_saved_output(self, call_id: str) -> None:
@@ -271,6 +283,27 @@ class ToolExecutor:
             path = self._output_dir / f"{call_id}{suffix}"
             if path.parent == self._output_dir and path.exists():
                 redact_file(path)
+
+    def _granted_check(
+        self, granted: Sequence[PermissionNeed]
+    ) -> Callable[[str, str], PermissionAction]:
+        """``_check``, where what the user just allowed this call also counts as allowed.
+
+        A grep of ``/elsewhere`` approved once (``external_directory`` on ``/elsewhere/*``)
+        may then open the files under it; an ask becomes allow only within the patterns
+        granted, and a deny stays a deny.
+        """
+
+        def check(permission: str, pattern: str) -> PermissionAction:
+            action = self._check(permission, pattern)
+            if action == "ask" and any(
+                need.permission == permission and _within(need.pattern, pattern)
+                for need in granted
+            ):
+                return "allow"
+            return action
+
+        return check
 
     def _check(self, permission: str, pattern: str) -> PermissionAction:
         # Stored "always" approvals live in the Permission actor and are not consulted: a

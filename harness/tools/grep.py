@@ -122,7 +122,11 @@ class GrepTool(Tool[GrepParams]):
     def permissions(self, args: GrepParams, ctx: ToolContext) -> list[PermissionNeed]:
         root = resolve_path(args.path or ".", ctx)
         # A regex is rarely reused, so "always" covers the tool, not this one pattern.
-        return path_needs("grep", root, ctx, pattern=args.pattern, always="*")
+        needs = path_needs("grep", root, ctx, pattern=args.pattern, always="*")
+        if root.is_file():
+            # One named file is asked about as read would ask, not skipped in silence.
+            needs.append(PermissionNeed("read", str(root), str(root)))
+        return needs
 
     def title(self, args: GrepParams) -> str:
         return f"grep {args.pattern}" + (f" in {args.path}" if args.path else "")
