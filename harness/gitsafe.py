@@ -43,6 +43,9 @@ another program would change what runs), then ``GIT_CONFIG_NOSYSTEM=1``,
 ``GIT_TERMINAL_PROMPT=0``, ``GIT_PAGER=cat`` and ``GIT_OPTIONAL_LOCKS=0`` are set. The
 user's global ``~/.gitconfig`` still applies (it is the user's, not the repository's),
 but every override above wins over it as well. stdin is empty, so nothing can prompt.
+
+The filter listing costs one more short git process (~2 ms) for each command that may read
+file contents; ``rev-parse`` and ``config`` never do, and skip it.
 """
 
 from __future__ import annotations
@@ -159,6 +162,8 @@ async def _spawn(argv: list[str], directory: Path, env: dict[str, str]) -> GitRe
 
 # Reading config runs nothing: no filter, no hook, no fsmonitor is consulted for it.
 _LIST_FILTERS = ("config", "--name-only", "--get-regexp", r"^filter\.")
+# Commands that never read file contents, so never a filter: no need to list drivers.
+_NO_CONTENT = frozenset({"rev-parse", "config"})
 
 
 def _filter_overrides(listing: GitResult | None) -> list[str]:
@@ -194,7 +199,9 @@ async def run_git(directory: Path, *args: str) -> GitResult | None:
     code and output, whatever they are.
     """
     env = git_environment()
-    filters = await _spawn([*base_command(), *_LIST_FILTERS], directory, env)
+    filters = None
+    if not args or args[0] not in _NO_CONTENT:
+        filters = await _spawn([*base_command(), *_LIST_FILTERS], directory, env)
     return await _spawn(_argv(filters, args), directory, env)
 
 
@@ -221,7 +228,9 @@ def _spawn_sync(argv: list[str], directory: Path, env: dict[str, str]) -> GitRes
 def run_git_sync(directory: Path, *args: str) -> GitResult | None:
     """``run_git`` for code outside Trio (benchmark scripts labelling their results)."""
     env = git_environment()
-    filters = _spawn_sync([*base_command(), *_LIST_FILTERS], directory, env)
+    filters = None
+    if not args or args[0] not in _NO_CONTENT:
+        filters = _spawn_sync([*base_command(), *_LIST_FILTERS], directory, env)
     return _spawn_sync(_argv(filters, args), directory, env)
 
 
