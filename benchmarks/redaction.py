@@ -12,7 +12,9 @@ serialized event), and with a secret present (replace, then parse the JSON again
 - per event, in memory: ``json.dumps`` of a ``part.updated`` tool event and the
   redaction step of ``Ledger._commit``, for outputs of 200 B, 2 KB and 50 KB;
 - per event, end to end: a real ledger in a temporary directory, 3000 events written
-  through ``Ledger.write`` in batches of 10 (the writer thread, SQLite, WAL).
+  through ``Ledger.write`` in batches of 10 (the writer thread, SQLite, WAL);
+- per log line: ``redact_log_text`` (known values, then credential shapes) on a typical
+  350-byte JSON line.
 
 Figures are medians of several runs, written to ``benchmarks/results/redaction.json``.
 On a shared machine they are noisy; compare the rows of one run, not runs.
@@ -86,6 +88,32 @@ def _per_event_us(data: dict[str, Any], repeat: int) -> float:
     return statistics.median(runs)
 
 
+_LOG_LINE = json.dumps(
+    {
+        "event": "tool completed",
+        "call_id": "AbC123xYz",
+        "tool": "bash",
+        "session_id": "ses_1a22ca29090000pGNsdKmREoMjly",
+        "message_id": "msg_1a22ca29090000pGNsdKmREoMjly",
+        "span_id": "AbC123xYz",
+        "parent_span_id": "msg_1a22ca29090000pGNsdKmREoMjly",
+        "trace_id": "ses_1a22ca29090000pGNsdKmREoMjly",
+        "level": "info",
+        "timestamp": "2026-12-01T10:00:00.000000Z",
+    }
+)
+
+
+def _log_line_us(repeat: int) -> float:
+    runs = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(repeat):
+            secrets.redact_log_text(_LOG_LINE)
+        runs.append((time.perf_counter() - start) / repeat * 1e6)
+    return statistics.median(runs)
+
+
 async def _ledger_run(count: int) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         ledger = Ledger(Path(tmp) / "ledger.db")
@@ -116,6 +144,10 @@ def main() -> None:
         absent = _per_event_us(plain, repeat)
         present = _per_event_us(leaky, repeat)
         rows[f"{size} B output"] = {"none known": none, "known, absent": absent, "present": present}
+    logs: dict[str, float] = {}
+    for label, env in (("none known", {}), ("known, absent", SECRETS)):
+        secrets.refresh_secrets(environ=env)
+        logs[label] = _log_line_us(repeat * 5)
     count = 1000 if quick else 3000
     ledger: dict[str, float] = {}
     for label, env in (("none known", {}), ("known, absent", SECRETS)):
@@ -131,9 +163,11 @@ def main() -> None:
         f"{'ledger write, 2 KB':22} {ledger['none known']:11.1f} "
         f"{ledger['known, absent']:14.1f} {'':>9}"
     )
+    print(f"{'log line, 354 B':22} {logs['none known']:11.2f} {logs['known, absent']:14.2f}")
     out = ROOT / "benchmarks" / "results" / "redaction.json"
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"in_memory_us": rows, "ledger_us": ledger}, indent=2) + "\n")
+    figures = {"in_memory_us": rows, "ledger_us": ledger, "log_line_us": logs}
+    out.write_text(json.dumps(figures, indent=2) + "\n")
 
 
 if __name__ == "__main__":

