@@ -21,10 +21,16 @@ FILE_MODE = 0o600
 
 
 def tighten(path: Path, mode: int) -> None:
-    """chmod ``path`` to ``mode`` when group or others have any access to it."""
+    """chmod ``path`` to ``mode`` when group or others have any access to it.
+
+    Only what the user owns, and never a shared sticky directory: ``HARNESS_HOME=/tmp``
+    run as root must not lock everyone out of /tmp.
+    """
     with contextlib.suppress(OSError):
-        current = stat.S_IMODE(os.stat(path).st_mode)
-        if current & 0o077:
+        info = os.stat(path)
+        if info.st_uid != os.getuid() or info.st_mode & stat.S_ISVTX:
+            return
+        if stat.S_IMODE(info.st_mode) & 0o077:
             os.chmod(path, mode)
 
 

@@ -98,3 +98,18 @@ def test_cassettes_and_crash_files_are_private(tmp_path: Path, monkeypatch: Any)
     assert _exit_code_for(RuntimeError("boom")) == 1
     assert mode(home) == 0o700 and mode(home / "logs") == 0o700
     assert mode(home / "logs" / "crash.log") == 0o600
+
+
+def test_a_shared_sticky_directory_is_never_tightened(tmp_path: Path) -> None:
+    from harness.private import prepare_home
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    prepare_home(shared)
+    assert mode(shared) == 0o1777
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    loose.chmod(0o755)
+    prepare_home(loose)
+    assert mode(loose) == 0o700

@@ -125,6 +125,7 @@ async def test_a_search_the_user_approved_may_open_what_it_was_approved_for(
         model="scripted:x",
         provider_factory=lambda model: provider,
         interactive=True,  # asks wait for a reply through the API
+        rules=[parse_rule_flag("read:*inner.txt", "deny")],
     )
     asked: list[str] = []
     async with open_harness(config) as h:
@@ -140,9 +141,9 @@ async def test_a_search_the_user_approved_may_open_what_it_was_approved_for(
                     break
         (output,) = _outputs(h, session.id)
     assert reason == "answered" and asked == ["external_directory"]
-    # Approved once for outside/*: its files are read, the nested one too.
-    assert "root:x:0:0" in output and "secret-dir/inner.txt" in output
-    assert "skipped" not in output
+    # Approved once for outside/*: its files are read; a deny still holds within it.
+    assert "passwd:" in output and "root:x:0:0" in output and "inner.txt" not in output
+    assert "(1 file skipped: not allowed by the read rules)" in output
 
 
 async def test_the_same_files_are_found_when_the_rules_allow_them(tmp_path: Path) -> None:
