@@ -27,6 +27,21 @@ from harness.messages.provider import AssistantTurn, ChatMessage, ToolCall, Tool
 from harness.storage.ledger import Ledger
 
 INTERRUPTED = "the tool call was interrupted before it finished"
+# What a restart writes on the work it closes. A step whose stream a restart cut off ran
+# nothing (calls run only once their stream has finished): it is kept in the record but
+# left out of the model's view and of the step count, so that the resumed turn sends the
+# very request that was interrupted and the model cannot tell a crash happened.
+RESTARTED = "interrupted by restart"
+
+
+def cut_by_restart(message: Message) -> bool:
+    """A step whose reply was still streaming when the process died."""
+    return (
+        isinstance(message, AssistantMessage)
+        and message.mode == "step"
+        and message.finish is None
+        and message.error == RESTARTED
+    )
 
 
 @dataclass(slots=True)
@@ -167,8 +182,9 @@ class History:
             message = entry.message
             if isinstance(message, UserMessage):
                 entry.chat = _user_view(message, parts)
-            elif message.mode == "compaction":
-                entry.chat = ()  # shown as the summary at the head of the view instead
+            elif message.mode == "compaction" or cut_by_restart(message):
+                # A summary is shown at the head of the view instead; a cut step not at all.
+                entry.chat = ()
             else:
                 entry.chat = _assistant_view(parts)
             entry.pruned = None
@@ -300,7 +316,9 @@ class History:
         return [self._step(i) for i in self._steps.get(user_message_id, ())]
 
     def step_count(self, user_message_id: str) -> int:
-        return len(self._steps.get(user_message_id, ()))
+        """Steps the turn has taken; a step a restart cut off is taken again, not counted."""
+        steps = self._steps.get(user_message_id, ())
+        return sum(1 for i in steps if not cut_by_restart(self._entries[i].message))
 
     def last_step(self, user_message_id: str) -> AssistantMessage | None:
         ids = self._steps.get(user_message_id)
