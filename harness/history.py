@@ -110,6 +110,7 @@ class History:
         self._steps: dict[str, list[str]] = {}  # user message id -> its turn's steps
         self._compaction: tuple[str, CompactionPart] | None = None  # the latest summary
         self._orphans: dict[str, dict[str, Part]] = {}
+        self._calls: dict[str, set[str]] = {}  # tool call id -> the messages holding it
         self.mark = 0
         # Running totals, kept up to date from the messages that changed, so that a step
         # does not walk the whole history to estimate it (that would grow with its length).
@@ -135,6 +136,8 @@ class History:
                 entry.chat = None
             self._dirty.add(message.id)
         for part in parts:
+            if isinstance(part, ToolPart):
+                self._calls.setdefault(part.call_id, set()).add(part.message_id)
             owner = self._entries.get(part.message_id)
             if owner is None:
                 self._orphans.setdefault(part.message_id, {})[part.id] = part
@@ -365,6 +368,15 @@ class History:
             for p in self.parts_of(last.id)
             if isinstance(p, ToolPart) and p.state.status == "pending"
         ]
+
+    def call_id_taken(self, call_id: str) -> bool:
+        """Whether a call the model can see already has this id (a step cut by a restart
+        is not seen, so the same reply streamed again keeps its ids)."""
+        for message_id in self._calls.get(call_id, ()):
+            entry = self._entries.get(message_id)
+            if entry is None or not cut_by_restart(entry.message):
+                return True
+        return False
 
     def recent_tool_calls(self, user_message_id: str, count: int) -> list[ToolPart]:
         """The last ``count`` tool parts of the turn, oldest first, newest steps only."""

@@ -246,6 +246,39 @@ async def test_scripted_call_ids_bind_results_without_explicit_ids(
         assert "pnpm@9" in by_call[parts[1].call_id].content
 
 
+async def test_a_call_id_already_in_the_session_gets_a_fresh_one(
+    tmp_path: Path, project: Path
+) -> None:
+    """A model that reuses an id (across steps, or twice in one reply) must not leave two
+    results for one id in the history, which providers reject (issue 12, item 2)."""
+    turns = [
+        {"tool_calls": [read("notes.txt", "dup000001")]},
+        {"tool_calls": [read("package.json", "dup000001"), read("notes.txt", "dup000002")]},
+        {"tool_calls": [read("package.json", "dup000002")]},
+        {"text": "ok"},
+    ]
+    async with open_loop(tmp_path, project, turns) as lp:
+        assert (await lp.h.run(lp.sid, "read twice")).reason == "answered"
+        parts = await lp.tool_parts()
+        ledger = lp.h.ledger
+        await ledger.flush()
+        rebuilt = History(ledger, lp.sid)
+        rebuilt.sync()
+        chat = rebuilt.chat()
+    last = lp.requests[-1]
+    ids = [r.call_id for r in results_in(last)]
+    assert len(ids) == len(set(ids)) == 4, ids
+    assert calls_in(last) == ids == [p.call_id for p in parts]
+    assert ids[0] == "dup000001" and ids[2] == "dup000002"
+    assert "dup000001" not in ids[1:] and ids[3] != "dup000002"
+    # The model's own id is kept next to the fresh one, so the mapping is in the ledger...
+    assert [p.model_call_id for p in parts] == [None, "dup000001", None, "dup000002"]
+    # ...and a history rebuilt from the ledger alone sends the same request.
+    assert chat[:-1] == list(last.messages)  # the last request, then the final answer
+    by_call = {r.call_id: r.content for r in results_in(last)}
+    assert "pnpm@9" in by_call[ids[1]] and "marker-7f3a" in by_call[ids[2]]
+
+
 # --- 3. invalid arguments ------------------------------------------------------------------
 
 

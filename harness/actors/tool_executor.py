@@ -174,6 +174,7 @@ class ToolExecutor:
             session_id=self._session_id,
             message_id=message_id,
             call_id=call.call_id,
+            model_call_id=call.model_call_id,
             tool=call.tool,
             state=state,
         )
