@@ -282,12 +282,112 @@ async def test_a_call_id_already_in_the_session_gets_a_fresh_one(
 # --- 3. invalid arguments ------------------------------------------------------------------
 
 
+async def test_opencode_argument_names_are_accepted(tmp_path: Path, project: Path) -> None:
+    """Models trained on OpenCode send its argument names; each tool of the same name takes
+    them (issue 12, item 3), and the schema the model sees keeps ours."""
+    calls = [
+        {"name": "write", "arguments": {"filePath": "out.txt", "content": "alpha beta\n"}},
+        {
+            "name": "edit",
+            "arguments": {
+                "filePath": "out.txt",
+                "oldString": "beta",
+                "newString": "gamma",
+                "replaceAll": True,
+            },
+        },
+        {"name": "read", "arguments": {"filePath": "out.txt", "offset": 1, "limit": 5}},
+        {"name": "glob", "arguments": {"pattern": "*.txt", "path": "."}},
+        {"name": "grep", "arguments": {"pattern": "gamma", "path": ".", "include": "*.txt"}},
+        {"name": "list", "arguments": {"path": ".", "ignore": ["node_modules"]}},
+        {
+            "name": "bash",
+            "arguments": {"command": "echo ok", "timeout": 5000, "description": "Say ok"},
+        },
+        {
+            "name": "todowrite",
+            "arguments": {
+                "todos": [
+                    {"content": "check", "status": "pending", "priority": "high", "id": "1"},
+                    {"content": "ship", "status": "completed", "priority": "low", "id": "2"},
+                ]
+            },
+        },
+    ]
+    turns = [{"tool_calls": [call]} for call in calls] + [{"text": "done"}]
+    rules = [Rule(permission="*", pattern="*", action="allow")]
+    async with open_loop(tmp_path, project, turns, rules=rules) as lp:
+        assert (await lp.h.run(lp.sid, "use opencode names")).reason == "answered"
+        parts = await lp.tool_parts()
+        todos = lp.h.todos(lp.sid)
+    assert [p.tool for p in parts] == [c["name"] for c in calls]
+    for part in parts:
+        assert isinstance(part.state, ToolCompleted), (part.tool, part.state)
+        assert "ignored arguments" not in part.state.output, part.state.output
+    assert (project / "out.txt").read_text() == "alpha gamma\n"
+    assert "alpha gamma" in parts[2].state.output  # type: ignore[union-attr]
+    assert [t.content for t in todos] == ["check", "ship"]
+    # The schema the model saw kept our names and still forbids others.
+    write_spec = next(t for t in lp.requests[0].tools if t.name == "write")
+    assert set(write_spec.parameters["properties"]) == {"path", "content"}
+    assert write_spec.parameters["additionalProperties"] is False
+
+
+def test_task_takes_opencode_subagent_type() -> None:
+    from harness.tools.base import parse_arguments
+    from harness.tools.task import TaskParams
+
+    args, ignored = parse_arguments(
+        TaskParams, {"description": "look", "prompt": "find it", "subagent_type": "explore"}
+    )
+    assert (args.agent, ignored) == ("explore", [])
+    # Both spellings: ours wins, and the other is named as ignored.
+    args, ignored = parse_arguments(
+        TaskParams,
+        {"description": "d", "prompt": "p", "agent": "general", "subagent_type": "explore"},
+    )
+    assert (args.agent, ignored) == ("general", ["subagent_type"])
+
+
+async def test_unknown_arguments_are_dropped_and_named_in_the_result(
+    tmp_path: Path, project: Path
+) -> None:
+    """One rule for every tool: an argument no schema has is dropped, the call still does
+    its work, and the result names what was ignored; the ledger keeps what was sent."""
+    sent_write = {"path": "out.txt", "content": "x", "mode": "a", "force": True}
+    sent_todo = {"todos": [{"content": "c", "status": "pending", "owner": "me"}], "v": 2}
+    turns = [
+        {"tool_calls": [{"name": "write", "arguments": sent_write}]},
+        {"tool_calls": [{"name": "todowrite", "arguments": sent_todo}]},
+        {"tool_calls": [{"name": "read", "arguments": {"path": "missing.txt", "x": 1}}]},
+        {"text": "done"},
+    ]
+    rules = [Rule(permission="*", pattern="*", action="allow")]
+    async with open_loop(tmp_path, project, turns, rules=rules) as lp:
+        assert (await lp.h.run(lp.sid, "write it")).reason == "answered"
+        write, todo, read_ = await lp.tool_parts()
+    assert (project / "out.txt").read_text() == "x"
+    assert isinstance(write.state, ToolCompleted)
+    assert write.state.output.endswith(
+        "(ignored arguments this tool does not take: mode, force)"
+    )
+    assert write.state.input == sent_write
+    assert isinstance(todo.state, ToolCompleted)
+    assert todo.state.output.endswith(
+        "(ignored arguments this tool does not take: todos.0.owner, v)"
+    )
+    # A call that fails for its own reason still says what was ignored.
+    assert isinstance(read_.state, ToolError)
+    assert read_.state.error.endswith("(ignored arguments this tool does not take: x)")
+    results = results_in(lp.requests[-1])
+    assert results[0].content == write.state.output
+
+
 @pytest.mark.parametrize(
     ("arguments", "problem"),
     [
         pytest.param({"path": "out.txt"}, "content: Field required", id="missing-field"),
         pytest.param({"path": "out.txt", "content": ["x"]}, "content:", id="wrong-type"),
-        pytest.param({"path": "out.txt", "content": "x", "mode": "a"}, "mode:", id="unknown-arg"),
         pytest.param('{"path": "out.txt", "content": ', "not valid JSON", id="broken-json"),
     ],
 )

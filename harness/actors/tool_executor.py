@@ -52,6 +52,8 @@ from harness.tools.base import (
     ToolFailure,
     ToolParams,
     ToolRejected,
+    ignored_note,
+    parse_arguments,
 )
 from harness.tools.process import process_identity
 from harness.tools.truncate import truncate_output
@@ -230,7 +232,7 @@ class ToolExecutor:
                 message_id, call, f"arguments for tool '{call.tool}' must be a JSON object"
             )
         try:
-            args: ToolParams = tool.params.model_validate(raw)
+            args, ignored = parse_arguments(tool.params, raw)
         except ValidationError as error:
             return self._fail(
                 message_id, call, describe_validation_error(call.tool, error), input=raw
@@ -262,7 +264,8 @@ class ToolExecutor:
                 return self._fail(
                     message_id, call, describe_denial(need, decision), input=raw, stop=stop
                 )
-        return await self._run(message_id, call, tool, args, raw, context)
+        note = ignored_note(ignored) if ignored else ""
+        return await self._run(message_id, call, tool, args, raw, context, note)
 
     def _check(self, permission: str, pattern: str) -> PermissionAction:
         # Stored "always" approvals live in the Permission actor and are not consulted: a
@@ -296,7 +299,9 @@ class ToolExecutor:
         args: ToolParams,
         raw: dict[str, Any],
         context: ToolContext,
+        note: str = "",
     ) -> CallOutcome:
+        """Run an allowed call; ``note`` (arguments that were ignored) ends its result."""
         start = time.time()
         title = tool.title(args)
         running = [self._record(message_id, call, ToolRunning(input=raw, title=title, start=start))]
@@ -330,13 +335,15 @@ class ToolExecutor:
         except ToolFailure as error:
             # A refusal by the user (a dismissed question) stops the loop like a denial.
             stop: StopReason | None = "denied" if isinstance(error, ToolRejected) else None
-            return self._fail(message_id, call, str(error), input=raw, start=start, stop=stop)
+            return self._fail(
+                message_id, call, str(error) + note, input=raw, start=start, stop=stop
+            )
         except Exception as error:
             log.exception("tool raised", call_id=call.call_id, tool=call.tool)
             return self._fail(
                 message_id,
                 call,
-                f"tool '{call.tool}' failed: {type(error).__name__}: {error}",
+                f"tool '{call.tool}' failed: {type(error).__name__}: {error}{note}",
                 input=raw,
                 start=start,
             )
@@ -351,7 +358,7 @@ class ToolExecutor:
         )
         state = ToolCompleted(
             input=raw,
-            output=output,
+            output=output + note,
             title=result.title or title,
             metadata={**result.metadata, **extra},
             start=start,
