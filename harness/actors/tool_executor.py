@@ -39,6 +39,7 @@ from harness.messages.model import (
     ToolRunning,
     ToolState,
 )
+from harness.messages.names import shown
 from harness.messages.permission import PermissionDecision, PermissionNeed
 from harness.permissions.ruleset import decide
 from harness.snapshots import Blob, CallSnapshot, patch_part
@@ -303,7 +304,7 @@ class ToolExecutor:
     ) -> CallOutcome:
         """Run an allowed call; ``note`` (arguments that were ignored) ends its result."""
         start = time.time()
-        title = tool.title(args)
+        title = shown(tool.title(args))
         running = [self._record(message_id, call, ToolRunning(input=raw, title=title, start=start))]
         snapshot: CallSnapshot | None = None
         if tool.read_only:
@@ -353,8 +354,9 @@ class ToolExecutor:
                 changed, blobs = snapshot.after_event()
                 self._ledger.post([changed], blobs=blobs)
                 self._snapshots.append(snapshot)
+        # A name that is not UTF-8 in the output (a listing) is shown as \xff from here on.
         output, extra = truncate_output(
-            result.output, output_dir=self._output_dir, call_id=call.call_id
+            shown(result.output), output_dir=self._output_dir, call_id=call.call_id
         )
         state = ToolCompleted(
             input=raw,

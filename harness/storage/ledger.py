@@ -40,6 +40,7 @@ from harness.messages.model import (
     Session,
     ToolPart,
 )
+from harness.messages.names import shown_data
 from harness.messages.todo import Todo
 from harness.storage.projections import PROJECTIONS
 from harness.storage.schema import MIGRATIONS, SCHEMA_VERSION
@@ -57,6 +58,14 @@ class LedgerError(Exception):
 
 def _dumps(data: dict[str, Any]) -> str:
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class Ledger:
@@ -181,7 +190,13 @@ class Ledger:
                     _store_blob(conn, digest, data)
                 events: list[Event] = []
                 for new in request.events:
-                    text = _dumps(new.data)
+                    stored = new.data
+                    text = _dumps(stored)
+                    if not _encodable(text):
+                        # A name that is not UTF-8 (or a model's lone surrogate): SQLite and
+                        # every reader need text, so it is stored as shown (\xff).
+                        stored = shown_data(stored)
+                        text = _dumps(stored)
                     conn.execute(
                         "INSERT INTO events(ts, session_id, type, data) VALUES (?, ?, ?, ?)",
                         (now, new.session_id, new.type, text),
@@ -189,8 +204,8 @@ class Ledger:
                     seq = conn.last_insert_rowid()
                     project = PROJECTIONS.get(new.type)
                     if project is not None:
-                        project(conn, seq, new.data, text)
-                    events.append(Event(seq, now, new.type, new.session_id, new.data))
+                        project(conn, seq, stored, text)
+                    events.append(Event(seq, now, new.type, new.session_id, stored))
                 out.append(events)
         return out
 
