@@ -211,8 +211,14 @@ class SessionActor:
         *,
         lineage: Lineage | None = None,
         parent_span: str | None = None,
+        idle_release: float | None = None,
     ) -> None:
         self._services = services
+        # Seconds idle (no input, no turn) after which the actor ends; None: never.
+        self._idle_release = idle_release
+        # Set, synchronously with the last look at the inbox, once the actor has chosen to
+        # end: from then on the supervisor starts a new actor for the session instead.
+        self.closing = False
         self._lineage = lineage or Lineage(trace_id=session_id)
         self._parent_span = parent_span
         self._children = trio.Semaphore(services.config.max_children)
@@ -249,9 +255,21 @@ class SessionActor:
                             self._wake.set()
                 nursery.cancel_scope.cancel()
         finally:
+            self.closing = True
+            self._answer_leftovers()
             if self._provider is not None:
                 with trio.CancelScope(shield=True):
                     await self._provider.aclose()
+
+    def _answer_leftovers(self) -> None:
+        """A cancel that reached an actor as it ended is answered: there is no turn."""
+        while True:
+            try:
+                message = self._receive.receive_nowait()
+            except (trio.WouldBlock, trio.ClosedResourceError, trio.EndOfChannel):
+                return
+            if isinstance(message, CancelTurn):
+                message.reply.send_nowait(False)
 
     def _bind_session_span(self) -> None:
         structlog.contextvars.bind_contextvars(
@@ -276,7 +294,16 @@ class SessionActor:
         while True:
             inbox = self._ledger.inbox(self.session_id)
             if not inbox:
-                await self._wake.wait()
+                with trio.move_on_after(self._idle_release or math.inf):
+                    await self._wake.wait()
+                if not self._wake.is_set() and not self._ledger.inbox(self.session_id):
+                    # Idle: let the actor, its provider and its caches go. The inbox was
+                    # read after the last wake was sent (input is committed before its
+                    # wake), and ``closing`` is set before anything else can run.
+                    self.closing = True
+                    log.debug("idle session actor released")
+                    self.mailbox.close()
+                    return
                 self._wake = trio.Event()
                 continue
             await self._turn(inbox[0])
