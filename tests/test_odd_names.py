@@ -78,3 +78,18 @@ async def test_a_name_that_is_not_utf8_goes_through_every_file_tool(
     text = json.dumps(events, ensure_ascii=False)
     text.encode("utf-8")
     assert "\udcff" not in text
+
+
+async def test_a_lone_surrogate_in_a_models_arguments_reaches_no_reader(
+    tmp_path: Path, project: Path
+) -> None:
+    """JSON may escape a lone surrogate; the ledger cannot store one. A hostile model's
+    call is recorded as shown, and the loop carries on."""
+    raw = '{"path": "no\\ud800such.txt"}'
+    turns = [{"tool_calls": [{"name": "read", "arguments": raw}]}, {"text": "done"}]
+    async with open_loop(tmp_path, project, turns) as lp:
+        result = await lp.h.run(lp.sid, "read it")
+        [part] = await lp.tool_parts()
+    assert (result.reason, result.answer) == ("answered", "done")
+    assert part.state.input == {"path": "no\\ud800such.txt"}
+    assert part.state.status == "error"
