@@ -73,6 +73,9 @@ TARGET_HELP_MS = 100.0
 TARGET_SESSIONS_MS = 150.0
 TARGET_STEP_OVERHEAD_P99_MS = 20.0
 MODEL_LATENCY = 0.1
+TARGET_IDLE_RSS_MB = 80.0
+IDLE_WAIT_S = 15.0  # past the daemon's idle release of session actors (10 s)
+IDLE_WAVE = 16
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -83,7 +86,7 @@ def percentile(values: list[float], fraction: float) -> float:
 class Daemon:
     """A ``harness serve`` process on a fresh home, in a short temp directory."""
 
-    def __init__(self) -> None:
+    def __init__(self, **env: str) -> None:
         self.base = Path(tempfile.mkdtemp(prefix="hb", dir="/tmp"))
         self.home = self.base / "home"
         self.socket = self.base / "h.sock"
@@ -93,7 +96,7 @@ class Daemon:
         for index in range(3):
             (self.project / f"f{index}.txt").write_text(f"file {index}\n" * 20)
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
-        self.env.update(HARNESS_HOME=str(self.home), HARNESS_SOCKET=str(self.socket))
+        self.env.update(HARNESS_HOME=str(self.home), HARNESS_SOCKET=str(self.socket), **env)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "harness", "serve", "--log-file", str(self.log)],
             env=self.env,
@@ -358,11 +361,104 @@ def many_sessions(count: int) -> dict[str, Any]:
         daemon.stop()
 
 
+class ChatServer:
+    """A minimal OpenAI-compatible chat-completions server on 127.0.0.1, in a thread.
+
+    Every request gets the same one-line streamed answer. The sessions then use the real
+    HTTP provider (its client, connection pool and TLS context), which is what a session
+    holds in a real deployment, rather than the scripted one.
+    """
+
+    ANSWER = (
+        b'data: {"choices":[{"index":0,"delta":{"content":"ok"},"finish_reason":null}]}\n\n'
+        b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+        b"data: [DONE]\n\n"
+    )
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        answer = self.ANSWER
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:  # the name http.server calls
+                self.rfile.read(int(self.headers.get("content-length") or 0))
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("content-length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return None
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def idle_sessions(count: int, idle_wait: float = IDLE_WAIT_S) -> dict[str, Any]:
+    """RSS once ``count`` sessions have each run one turn and gone idle (issue 12).
+
+    Each session's model is ``openai/m`` on a local chat server, so each builds the real
+    HTTP provider. The turns run in waves of ``IDLE_WAVE`` sessions at once (each wave
+    prompted, then waited for), as a daemon serving a few users at a time sees them; after
+    the last turn, the daemon is left alone
+    for ``idle_wait`` seconds (past the idle release of session actors) before VmRSS is
+    read. Also reported: VmRSS right after start and after the sessions were created.
+    """
+    chat = ChatServer()
+    daemon = Daemon(HARNESS_BASE_URL=chat.url)
+    try:
+        started_rss = daemon.memory("VmRSS")
+        ids = daemon.sessions("openai/m", count)
+        created_rss = daemon.memory("VmRSS")
+        stream = daemon.client.events(after=daemon.client.health()["last_seq"])
+        stream.open()
+        started = time.perf_counter()
+        with ThreadPoolExecutor(IDLE_WAVE) as pool:
+            for wave in range(0, count, IDLE_WAVE):
+                batch = ids[wave : wave + IDLE_WAVE]
+                list(pool.map(lambda sid: daemon.client.prompt(sid, "say ok"), batch))
+                wait_for_turns(stream, len(batch), 120)
+        wall = time.perf_counter() - started
+        busy_rss = daemon.memory("VmRSS")
+        time.sleep(idle_wait)
+        idle_rss = daemon.memory("VmRSS")
+        return {
+            "sessions": count,
+            "turns_wall_s": round(wall, 2),
+            "rss_at_start_mb": round(started_rss / 1024, 1),
+            "rss_sessions_created_mb": round(created_rss / 1024, 1),
+            "rss_after_turns_mb": round(busy_rss / 1024, 1),
+            "rss_idle_mb": round(idle_rss / 1024, 1),
+            "idle_wait_s": idle_wait,
+            "rss_per_idle_session_kb": round((idle_rss - created_rss) / count, 1),
+            "peak_rss_mb": round(daemon.memory("VmHWM") / 1024, 1),
+        }
+    finally:
+        daemon.stop()
+        chat.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="200 sessions instead of 1,000")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    parser.add_argument(
+        "--idle-only", action="store_true", help="only the idle sessions' RSS (issue 12)"
+    )
     args = parser.parse_args()
+    if args.idle_only:
+        print(json.dumps(idle_sessions(200 if args.quick else 1000)), flush=True)
+        return
     figures: dict[str, Any] = {
         "when": datetime.now().isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
@@ -376,6 +472,8 @@ def main() -> None:
     print(json.dumps(figures["cli"]), flush=True)
     figures["many_sessions"] = many_sessions(200 if args.quick else 1000)
     print(json.dumps(figures["many_sessions"]), flush=True)
+    figures["idle_sessions"] = idle_sessions(200 if args.quick else 1000)
+    print(json.dumps(figures["idle_sessions"]), flush=True)
     misses = []
     if figures["ack_under_load"]["ack_p99_ms"] > TARGET_ACK_P99_MS:
         misses.append("prompt ack p99")
@@ -385,6 +483,8 @@ def main() -> None:
         misses.append("harness sessions")
     if figures["many_sessions"]["step_overhead_p99_ms"] > TARGET_STEP_OVERHEAD_P99_MS:
         misses.append("per-step overhead p99")
+    if not args.quick and figures["idle_sessions"]["rss_idle_mb"] > TARGET_IDLE_RSS_MB:
+        misses.append("RSS of 1,000 idle sessions")
     figures["targets_missed"] = misses
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(figures, indent=2) + "\n")

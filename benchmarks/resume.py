@@ -15,7 +15,7 @@ spawned (``subprocess.Popen``, so Python start-up and imports are included) to t
 of the last of the N sessions' first new step, i.e. the ``message.created`` of an
 assistant message written after that session's ``turn.resumed`` event. By then each
 session has closed what the crash left open (the step cut mid-stream is marked
-interrupted), written its restart note, and sent its next request to the model. The
+interrupted) and sent its next request to the model. The
 times come from the event timestamps the daemon commits (``events.ts``), read after the
 fact, so polling does not add to them. Also reported: when the socket first answered,
 the first and the median session's new step, and the last ``turn.resumed`` commit.

@@ -61,6 +61,10 @@ class Config:
     max_children: int = 4  # child sessions of one session running at once
     restart_limit: int = 3
     restart_window: float = 60.0
+    # An idle session's actor (and its provider) is let go after this many seconds; the
+    # next prompt starts a fresh one from the ledger. None: actors live as long as the
+    # process (a daemon then holds every session it ever ran).
+    session_idle_seconds: float | None = 10.0
     provider_factory: Callable[[str], Provider] | None = None
     record: Path | None = None  # append every provider HTTP exchange to this cassette
 

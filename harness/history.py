@@ -27,6 +27,21 @@ from harness.messages.provider import AssistantTurn, ChatMessage, ToolCall, Tool
 from harness.storage.ledger import Ledger
 
 INTERRUPTED = "the tool call was interrupted before it finished"
+# What a restart writes on the work it closes. A step whose stream a restart cut off ran
+# nothing (calls run only once their stream has finished): it is kept in the record but
+# left out of the model's view and of the step count, so that the resumed turn sends the
+# very request that was interrupted and the model cannot tell a crash happened.
+RESTARTED = "interrupted by restart"
+
+
+def cut_by_restart(message: Message) -> bool:
+    """A step whose reply was still streaming when the process died."""
+    return (
+        isinstance(message, AssistantMessage)
+        and message.mode == "step"
+        and message.finish is None
+        and message.error == RESTARTED
+    )
 
 
 @dataclass(slots=True)
@@ -95,6 +110,7 @@ class History:
         self._steps: dict[str, list[str]] = {}  # user message id -> its turn's steps
         self._compaction: tuple[str, CompactionPart] | None = None  # the latest summary
         self._orphans: dict[str, dict[str, Part]] = {}
+        self._calls: dict[str, set[str]] = {}  # tool call id -> the messages holding it
         self.mark = 0
         # Running totals, kept up to date from the messages that changed, so that a step
         # does not walk the whole history to estimate it (that would grow with its length).
@@ -120,6 +136,8 @@ class History:
                 entry.chat = None
             self._dirty.add(message.id)
         for part in parts:
+            if isinstance(part, ToolPart):
+                self._calls.setdefault(part.call_id, set()).add(part.message_id)
             owner = self._entries.get(part.message_id)
             if owner is None:
                 self._orphans.setdefault(part.message_id, {})[part.id] = part
@@ -167,8 +185,9 @@ class History:
             message = entry.message
             if isinstance(message, UserMessage):
                 entry.chat = _user_view(message, parts)
-            elif message.mode == "compaction":
-                entry.chat = ()  # shown as the summary at the head of the view instead
+            elif message.mode == "compaction" or cut_by_restart(message):
+                # A summary is shown at the head of the view instead; a cut step not at all.
+                entry.chat = ()
             else:
                 entry.chat = _assistant_view(parts)
             entry.pruned = None
@@ -300,7 +319,9 @@ class History:
         return [self._step(i) for i in self._steps.get(user_message_id, ())]
 
     def step_count(self, user_message_id: str) -> int:
-        return len(self._steps.get(user_message_id, ()))
+        """Steps the turn has taken; a step a restart cut off is taken again, not counted."""
+        steps = self._steps.get(user_message_id, ())
+        return sum(1 for i in steps if not cut_by_restart(self._entries[i].message))
 
     def last_step(self, user_message_id: str) -> AssistantMessage | None:
         ids = self._steps.get(user_message_id)
@@ -347,6 +368,15 @@ class History:
             for p in self.parts_of(last.id)
             if isinstance(p, ToolPart) and p.state.status == "pending"
         ]
+
+    def call_id_taken(self, call_id: str) -> bool:
+        """Whether a call the model can see already has this id (a step cut by a restart
+        is not seen, so the same reply streamed again keeps its ids)."""
+        for message_id in self._calls.get(call_id, ()):
+            entry = self._entries.get(message_id)
+            if entry is None or not cut_by_restart(entry.message):
+                return True
+        return False
 
     def recent_tool_calls(self, user_message_id: str, count: int) -> list[ToolPart]:
         """The last ``count`` tool parts of the turn, oldest first, newest steps only."""

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from harness.messages import ids
 from harness.messages.events import NewEvent
 from harness.messages.model import PatchFile, PatchPart
+from harness.messages.names import on_disk
 
 if TYPE_CHECKING:
     from harness.storage.ledger import FileChangeRow, Ledger
@@ -229,7 +230,8 @@ def _targets(ledger: Ledger, session_ids: Sequence[str], since: int) -> list[Fil
         latest[row.path] = row
         if row.kind == "tool" and row.seq > since:
             first.setdefault(row.path, row)
-    return [FileTarget(Path(p), row, latest[p]) for p, row in first.items()]
+    # The ledger shows a non-UTF-8 name as \xff: back to the name that opens the file.
+    return [FileTarget(Path(on_disk(p)), row, latest[p]) for p, row in first.items()]
 
 
 def _blob(ledger: Ledger, digest: str | None) -> bytes | None:

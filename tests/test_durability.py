@@ -27,8 +27,9 @@ import apsw
 import pytest
 import trio
 from procs import alive_with
+from wire_server import Reply, chunk, wire_server
 
-from harness.actors.session import MAX_RESUMES, RESTART_NOTE
+from harness.actors.session import MAX_RESUMES
 from harness.client import Client
 from harness.config import Config
 from harness.messages import ids
@@ -286,9 +287,10 @@ async def test_a_running_bash_is_reported_interrupted_not_run(
     [request] = provider.requests
     [result] = [m for m in request.messages if isinstance(m, ToolResult)]
     assert result.is_error and result.content == "interrupted by restart"
-    assert request.messages[-1] == UserTurn(RESTART_NOTE)
+    # The tool's own result says it was cut off; no note is added to the conversation.
+    assert request.messages[-1] == result
     users = [m for m in transcript if isinstance(m.info, UserMessage)]
-    assert [u.info.synthetic for u in users] == [False, True]  # type: ignore[union-attr]
+    assert [u.info.synthetic for u in users] == [False]  # type: ignore[union-attr]
 
 
 async def test_in_one_step_the_read_is_run_again_and_the_bash_is_not(
@@ -314,7 +316,9 @@ async def test_in_one_step_the_read_is_run_again_and_the_bash_is_not(
     results = {r.call_id: r for r in request.messages if isinstance(r, ToolResult)}
     assert "marker-7f3a" in results["callCrash1"].content
     assert results["callCrash2"].is_error
-    assert request.messages[-1] == UserTurn(RESTART_NOTE)  # the bash was cut off: say so
+    # The bash's own result says it was cut off; nothing else is added.
+    assert request.messages[-1] == results["callCrash2"]
+    assert not any(isinstance(m, UserTurn) and "restarted" in m.text for m in request.messages)
 
 
 async def test_a_turn_resumed_too_often_fails_with_a_clear_reason(
@@ -501,7 +505,7 @@ def test_a_killed_daemon_resumes_sessions_cut_mid_tool_and_mid_stream(
     tools_b = [p for m in transcripts[b] for p in m["parts"] if p["type"] == "tool"]
     assert [t["state"]["status"] for t in tools_b] == ["completed"]
 
-    # One user message per prompt, the restart note, and the queued input after them.
+    # One user message per prompt, and the queued input after them: no restart note.
     def users(sid: str) -> list[tuple[str, bool]]:
         return [
             ("".join(p["text"] for p in m["parts"] if p["type"] == "text"), m["info"]["synthetic"])
@@ -509,8 +513,8 @@ def test_a_killed_daemon_resumes_sessions_cut_mid_tool_and_mid_stream(
             if m["info"]["role"] == "user"
         ]
 
-    assert users(a) == [("count for A", False), (RESTART_NOTE, True), ("a queued question", False)]
-    assert users(b) == [("count for B", False), (RESTART_NOTE, True)]
+    assert users(a) == [("count for A", False), ("a queued question", False)]
+    assert users(b) == [("count for B", False)]
     # B's step cut mid-stream is kept as aborted; a fresh step answered.
     steps_b = [m["info"] for m in transcripts[b] if m["info"]["role"] == "assistant"]
     assert [s["error"] for s in steps_b] == [None, "interrupted by restart", None]
@@ -574,3 +578,76 @@ def test_durability_flag_and_a_corrupt_ledger(
             assert "left untouched" in done.stderr
             assert "Traceback" not in done.stderr
             assert ledger.read_bytes() == broken, (name, args)
+
+
+async def test_a_resume_that_lost_nothing_resends_the_interrupted_request_byte_for_byte(
+    env: dict[str, str], tmp_path: Path, project: Path
+) -> None:
+    """Killed while the model streams its second reply, after the first reply's bash call
+    completed: the restarted daemon sends the model exactly the request it was answering,
+    so it cannot tell a crash happened and does not do the work again (issue 12, item 1)."""
+    home = Path(env["HARNESS_HOME"])
+    counter = tmp_path / "COUNTER"
+    call = {"command": f"echo line >> {counter}"}
+    first = Reply(
+        events=[
+            chunk(
+                tool_calls=[
+                    {
+                        "index": 0,
+                        "id": "callEcho1",
+                        "type": "function",
+                        "function": {"name": "bash", "arguments": json.dumps(call)},
+                    }
+                ]
+            ),
+            chunk(finish="tool_calls"),
+        ]
+    )
+    # Streams a few words and then hangs: the kill lands mid-reply.
+    cut = Reply(events=[chunk("I ran it; now I")], hang=True, done=False)
+    again = Reply(events=[chunk("done: one line"), chunk(finish="stop")])
+    async with wire_server(first, cut, again) as server:
+        daemon_env = {**env, "HARNESS_BASE_URL": server.url + "/v1"}
+        allow = [{"permission": "bash", "pattern": "*", "action": "allow"}]
+        daemon = await trio.to_thread.run_sync(
+            start_daemon, daemon_env, tmp_path / "daemon-1.log"
+        )
+        try:
+            client = Client(Path(env["HARNESS_SOCKET"]))
+            session = await trio.to_thread.run_sync(
+                lambda: client.create_session(
+                    directory=str(project), model="openai/m", permission=allow
+                )
+            )
+            await trio.to_thread.run_sync(client.prompt, session["id"], "append a line")
+            with trio.fail_after(DEADLINE):
+                while len(server.requests) < 2:
+                    await trio.sleep(0.02)
+            tools = query(home, "SELECT status FROM parts WHERE type = 'tool'")
+            assert tools == [("completed",)] and lines(counter) == 1
+        finally:
+            await trio.to_thread.run_sync(kill, daemon)
+        daemon = await trio.to_thread.run_sync(
+            start_daemon, daemon_env, tmp_path / "daemon-2.log"
+        )
+        try:
+            with trio.fail_after(DEADLINE):
+                while query(home, "SELECT count(*) FROM turns")[0][0]:
+                    await trio.sleep(0.02)
+        finally:
+            await trio.to_thread.run_sync(kill, daemon)
+    assert len(server.requests) == 3
+    interrupted, resumed = server.requests[1], server.requests[2]
+    assert resumed.body == interrupted.body
+    assert lines(counter) == 1
+    assert "restarted" not in resumed.body.decode()
+    # The ledger still says what happened; the model's conversation does not.
+    kinds = [row[0] for row in query(home, "SELECT type FROM events ORDER BY seq")]
+    assert kinds.count("turn.resumed") == 1
+    users = query(home, "SELECT data FROM messages WHERE role = 'user'")
+    assert len(users) == 1
+    [(answer,)] = query(
+        home, "SELECT data FROM events WHERE type = 'turn.finished' ORDER BY seq DESC LIMIT 1"
+    )
+    assert json.loads(answer)["answer"] == "done: one line"

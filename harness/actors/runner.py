@@ -423,6 +423,7 @@ class Runner:
                 call_id=p.call_id,
                 tool=p.tool,
                 arguments=json.dumps(p.state.input),
+                model_call_id=p.model_call_id,
             )
             for p in parts
         ]
@@ -500,11 +501,18 @@ class Runner:
             parsed = json.loads(event.arguments) if event.arguments.strip() else {}
         except json.JSONDecodeError:
             parsed = None
+        call_id, model_call_id = event.id or ids.call_id(), None
+        if self._history.call_id_taken(call_id) or any(c.call_id == call_id for c in state.calls):
+            # Two results for one id would make the next request invalid: a fresh id, and
+            # the model's own kept beside it in the ledger so a rebuilt history is the same.
+            call_id, model_call_id = ids.call_id(), call_id
+            log.info("tool call id already used: given a fresh one", model_call_id=model_call_id)
         part = ToolPart(
             id=ids.part_id(),
             session_id=self.session.id,
             message_id=state.message.id,
-            call_id=event.id or ids.call_id(),
+            call_id=call_id,
+            model_call_id=model_call_id,
             tool=event.name,
             state=ToolPending(
                 input=parsed if isinstance(parsed, dict) else {}, raw=event.arguments
@@ -517,6 +525,7 @@ class Runner:
                 call_id=part.call_id,
                 tool=event.name,
                 arguments=event.arguments,
+                model_call_id=model_call_id,
                 doom_loop=self._repeats(state, event, user_message_id),
                 refusal=STEP_LIMIT_REFUSAL if last_step else None,
             )

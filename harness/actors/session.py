@@ -35,7 +35,7 @@ from harness.config import Config
 from harness.context.budget import Budget
 from harness.context.limits import limits_for
 from harness.context.system import SystemBlock, assemble_system
-from harness.history import History
+from harness.history import RESTARTED, History
 from harness.messages import ids
 from harness.messages.events import Event, NewEvent, StopReason, TurnResult
 from harness.messages.mailbox import (
@@ -89,12 +89,6 @@ class SessionServices:
         return tuple(merge(DEFAULT_RULES, agent.rules, self.config.rules, session.permission))
 
 
-RESTART_NOTE = (
-    "The server restarted while you were working on this task. Continue from where the "
-    "conversation shows you were, without repeating work that is already done; a tool "
-    "call marked as interrupted by the restart may or may not have taken effect, so check "
-    "before you repeat it."
-)
 MAX_RESUMES = 10
 TITLE_PROMPT = (
     "Write a short title, at most 50 characters, for a coding session that starts with the "
@@ -166,7 +160,7 @@ def abandon_turn(
     ledger: Ledger,
     session_id: str,
     message_id: str,
-    reason: str = "interrupted by restart",
+    reason: str = RESTARTED,
     *,
     status: SessionStatus = "idle",
 ) -> list[NewEvent]:
@@ -217,8 +211,14 @@ class SessionActor:
         *,
         lineage: Lineage | None = None,
         parent_span: str | None = None,
+        idle_release: float | None = None,
     ) -> None:
         self._services = services
+        # Seconds idle (no input, no turn) after which the actor ends; None: never.
+        self._idle_release = idle_release
+        # Set, synchronously with the last look at the inbox, once the actor has chosen to
+        # end: from then on the supervisor starts a new actor for the session instead.
+        self.closing = False
         self._lineage = lineage or Lineage(trace_id=session_id)
         self._parent_span = parent_span
         self._children = trio.Semaphore(services.config.max_children)
@@ -255,9 +255,21 @@ class SessionActor:
                             self._wake.set()
                 nursery.cancel_scope.cancel()
         finally:
+            self.closing = True
+            self._answer_leftovers()
             if self._provider is not None:
                 with trio.CancelScope(shield=True):
                     await self._provider.aclose()
+
+    def _answer_leftovers(self) -> None:
+        """A cancel that reached an actor as it ended is answered: there is no turn."""
+        while True:
+            try:
+                message = self._receive.receive_nowait()
+            except (trio.WouldBlock, trio.ClosedResourceError, trio.EndOfChannel):
+                return
+            if isinstance(message, CancelTurn):
+                message.reply.send_nowait(False)
 
     def _bind_session_span(self) -> None:
         structlog.contextvars.bind_contextvars(
@@ -282,7 +294,16 @@ class SessionActor:
         while True:
             inbox = self._ledger.inbox(self.session_id)
             if not inbox:
-                await self._wake.wait()
+                with trio.move_on_after(self._idle_release or math.inf):
+                    await self._wake.wait()
+                if not self._wake.is_set() and not self._ledger.inbox(self.session_id):
+                    # Idle: let the actor, its provider and its caches go. The inbox was
+                    # read after the last wake was sent (input is committed before its
+                    # wake), and ``closing`` is set before anything else can run.
+                    self.closing = True
+                    log.debug("idle session actor released")
+                    self.mailbox.close()
+                    return
                 self._wake = trio.Event()
                 continue
             await self._turn(inbox[0])
@@ -416,7 +437,7 @@ class SessionActor:
             log.error("turn abandoned", resumes=resumes)
             await self._ledger.write(
                 [
-                    *close_open_work(self._ledger, self.session_id, "interrupted by restart"),
+                    *close_open_work(self._ledger, self.session_id, RESTARTED),
                     NewEvent(
                         "turn.finished",
                         self.session_id,
@@ -427,13 +448,11 @@ class SessionActor:
             self._set_status("error", reason)
             return
         read_only = frozenset(n for n, t in self._services.tools.items() if t.read_only)
-        events = close_open_work(
-            self._ledger, self.session_id, "interrupted by restart", rerun=read_only
-        )
-        # Something the model asked for was cut off (a call, a stream): it must be told.
-        cut_off = any(
-            e.type == "message.updated" or e.data["state"]["status"] == "error" for e in events
-        )
+        # Nothing is added to the conversation: a call a restart cut off says so in its own
+        # result, and a step cut mid-stream is left out of the model's view (History), so
+        # when nothing was lost the model gets exactly the request it was answering. The
+        # ledger alone records that the turn was resumed.
+        events = close_open_work(self._ledger, self.session_id, RESTARTED, rerun=read_only)
         events.append(
             NewEvent(
                 "turn.resumed",
@@ -442,33 +461,6 @@ class SessionActor:
             )
         )
         await self._ledger.write(events)
-        history = History(self._ledger, self.session_id)
-        history.sync()
-        done = history.answer_if_done(message_id) is not None
-        if not done and (cut_off or not history.unanswered_calls(message_id)):
-            session = self._session()
-            note = UserMessage(
-                id=ids.message_id(),
-                session_id=self.session_id,
-                agent=session.agent,
-                model=session.model,
-                delivery="steer",
-                synthetic=True,
-                created=time.time(),
-            )
-            text = TextPart(
-                id=ids.part_id(),
-                session_id=self.session_id,
-                message_id=note.id,
-                text=RESTART_NOTE,
-                synthetic=True,
-            )
-            await self._ledger.write(
-                [
-                    NewEvent("message.created", self.session_id, note.model_dump(mode="json")),
-                    NewEvent("part.created", self.session_id, text.model_dump(mode="json")),
-                ]
-            )
         log.info("turn resumed after restart", resumes=resumes + 1)
         self._save(status="busy", error=None)
         await self._run_turn(message_id)

@@ -1,10 +1,12 @@
 """Supervisor: starts one SessionActor per active session and routes messages to it.
 
 Session actors start on demand (the first prompt or cancel that names them) and live in
-the supervisor's nursery. A crash inside a turn is handled one level down, by the
-session actor's own restart policy, so one session's failure never disturbs another;
-the supervisor only sees a session actor die if something is deeply wrong, and then it
-logs the error and lets the next message start a fresh actor from the ledger.
+the supervisor's nursery until they have been idle for ``session_idle_seconds``: a
+daemon then holds only the sessions in use, not every session it ever ran. A crash inside
+a turn is handled one level down, by the session actor's own restart policy, so one
+session's failure never disturbs another; the supervisor only sees a session actor die if
+something is deeply wrong, and then it logs the error and lets the next message start a
+fresh actor from the ledger.
 """
 
 from __future__ import annotations
@@ -57,16 +59,22 @@ class Supervisor:
                         self._actor(nursery, message.session_id).mailbox.send_nowait(Wake())
                     elif isinstance(message, CancelSession):
                         actor = self._actors.get(message.session_id)
-                        if actor is None:
-                            message.reply.send_nowait(False)
+                        if actor is None or actor.closing:
+                            message.reply.send_nowait(False)  # no turn is running
                         else:
                             actor.mailbox.send_nowait(CancelTurn(message.reply))
             nursery.cancel_scope.cancel()
 
     def _actor(self, nursery: trio.Nursery, session_id: str) -> SessionActor:
         actor = self._actors.get(session_id)
-        if actor is None:
-            actor = SessionActor(self._services, session_id)
+        if actor is None or actor.closing:
+            # An actor that let itself go when idle is not woken again: a new one starts
+            # from the ledger, while the old one finishes ending.
+            actor = SessionActor(
+                self._services,
+                session_id,
+                idle_release=self._services.config.session_idle_seconds,
+            )
             self._actors[session_id] = actor
             nursery.start_soon(self._guard, actor)
         return actor

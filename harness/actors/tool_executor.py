@@ -39,6 +39,7 @@ from harness.messages.model import (
     ToolRunning,
     ToolState,
 )
+from harness.messages.names import shown
 from harness.messages.permission import PermissionDecision, PermissionNeed
 from harness.permissions.ruleset import decide
 from harness.secrets import has_secrets, redact, redact_file
@@ -53,6 +54,8 @@ from harness.tools.base import (
     ToolFailure,
     ToolParams,
     ToolRejected,
+    ignored_note,
+    parse_arguments,
 )
 from harness.tools.process import process_identity
 from harness.tools.truncate import truncate_output
@@ -186,6 +189,7 @@ class ToolExecutor:
             session_id=self._session_id,
             message_id=message_id,
             call_id=call.call_id,
+            model_call_id=call.model_call_id,
             tool=call.tool,
             state=state,
         )
@@ -241,7 +245,7 @@ class ToolExecutor:
                 message_id, call, f"arguments for tool '{call.tool}' must be a JSON object"
             )
         try:
-            args: ToolParams = tool.params.model_validate(raw)
+            args, ignored = parse_arguments(tool.params, raw)
         except ValidationError as error:
             return self._fail(
                 message_id, call, describe_validation_error(call.tool, error), input=raw
@@ -274,7 +278,8 @@ class ToolExecutor:
                     message_id, call, describe_denial(need, decision), input=raw, stop=stop
                 )
         context = replace(context, check=self._granted_check(needs))
-        return await self._run(message_id, call, tool, args, raw, context)
+        note = ignored_note(ignored) if ignored else ""
+        return await self._run(message_id, call, tool, args, raw, context, note)
 
     def _redact_saved_output(self, call_id: str) -> None:
         if not has_secrets():
@@ -337,9 +342,11 @@ class ToolExecutor:
         args: ToolParams,
         raw: dict[str, Any],
         context: ToolContext,
+        note: str = "",
     ) -> CallOutcome:
+        """Run an allowed call; ``note`` (arguments that were ignored) ends its result."""
         start = time.time()
-        title = tool.title(args)
+        title = shown(tool.title(args))
         running = [self._record(message_id, call, ToolRunning(input=raw, title=title, start=start))]
         snapshot: CallSnapshot | None = None
         if tool.read_only:
@@ -371,13 +378,15 @@ class ToolExecutor:
         except ToolFailure as error:
             # A refusal by the user (a dismissed question) stops the loop like a denial.
             stop: StopReason | None = "denied" if isinstance(error, ToolRejected) else None
-            return self._fail(message_id, call, str(error), input=raw, start=start, stop=stop)
+            return self._fail(
+                message_id, call, str(error) + note, input=raw, start=start, stop=stop
+            )
         except Exception as error:
             log.exception("tool raised", call_id=call.call_id, tool=call.tool)
             return self._fail(
                 message_id,
                 call,
-                f"tool '{call.tool}' failed: {type(error).__name__}: {error}",
+                f"tool '{call.tool}' failed: {type(error).__name__}: {error}{note}",
                 input=raw,
                 start=start,
             )
@@ -390,13 +399,14 @@ class ToolExecutor:
                 changed, blobs = snapshot.after_event()
                 self._ledger.post([changed], blobs=blobs)
                 self._snapshots.append(snapshot)
-        # Before truncation, so the full copy saved under tool-output/ is clean too.
+        # Before truncation, so the full copy saved under tool-output/ is clean too. A name
+        # that is not UTF-8 in the output (a listing) is shown as \xff from here on.
         output, extra = truncate_output(
-            redact(result.output), output_dir=self._output_dir, call_id=call.call_id
+            redact(shown(result.output)), output_dir=self._output_dir, call_id=call.call_id
         )
         state = ToolCompleted(
             input=raw,
-            output=output,
+            output=output + note,
             title=result.title or title,
             metadata={**result.metadata, **extra},
             start=start,

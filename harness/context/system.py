@@ -39,6 +39,7 @@ async def _git(directory: Path, *args: str) -> str | None:
 # Many sessions in one directory start turns together (a daemon resuming after a restart,
 # a fan-out of subtasks): they share one git look-up made within this many seconds.
 ENVIRONMENT_TTL = 2.0
+ENVIRONMENT_KEEP = 64  # past this many directories, the stale ones are dropped
 _environment: dict[Path, tuple[float, SystemBlock]] = {}
 _environment_locks: dict[Path, trio.Lock] = {}
 
@@ -51,7 +52,20 @@ async def environment_block(directory: Path) -> SystemBlock:
             return cached[1]
         block = await _environment_block(directory)
         _environment[directory] = (time.monotonic(), block)
+        if len(_environment) > ENVIRONMENT_KEEP:
+            _forget_stale_environments()
         return block
+
+
+def _forget_stale_environments() -> None:
+    """Bound the caches to the directories in use: a daemon sees any number of them."""
+    now = time.monotonic()
+    for directory, (made, _) in list(_environment.items()):
+        if now - made >= ENVIRONMENT_TTL:
+            del _environment[directory]
+            lock = _environment_locks.get(directory)
+            if lock is not None and not lock.locked():
+                del _environment_locks[directory]
 
 
 async def _environment_block(directory: Path) -> SystemBlock:

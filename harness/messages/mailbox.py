@@ -186,6 +186,7 @@ class PlannedCall:
     arguments: str
     doom_loop: bool = False
     refusal: str | None = None
+    model_call_id: str | None = None  # the model's id, when ``call_id`` replaced a reused one
 
 
 @dataclass(slots=True, frozen=True)

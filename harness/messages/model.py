@@ -164,6 +164,9 @@ class ReasoningPart(_PartBase):
 class ToolPart(_PartBase):
     type: Literal["tool"] = "tool"
     call_id: str
+    # The id the model sent, when another call in the session already had it: ``call_id``
+    # is then a fresh one, and this keeps the mapping (one result per id in a history).
+    model_call_id: str | None = None
     tool: str
     state: ToolState
 

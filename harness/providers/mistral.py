@@ -56,6 +56,7 @@ from harness.providers.sse import (
     error_for_transport,
     message_of,
     open_stream,
+    shared_ssl_context,
     sse_data,
 )
 
@@ -280,7 +281,9 @@ class MistralProvider:
         self._client = (
             http_client
             if http_client is not None
-            else httpx.AsyncClient(timeout=TIMEOUT, transport=transport)
+            else httpx.AsyncClient(
+                timeout=TIMEOUT, transport=transport, verify=shared_ssl_context()
+            )
         )
         self._prices = prices if prices is not None else DEFAULT_PRICES
 

@@ -40,6 +40,7 @@ from harness.messages.model import (
     Session,
     ToolPart,
 )
+from harness.messages.names import shown_data
 from harness.messages.todo import Todo
 from harness.private import FILE_MODE, private_dir, private_file, tighten
 from harness.secrets import has_secrets, redact
@@ -59,6 +60,14 @@ class LedgerError(Exception):
 
 def _dumps(data: dict[str, Any]) -> str:
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class Ledger:
@@ -187,8 +196,13 @@ class Ledger:
                     _store_blob(conn, digest, data)
                 events: list[Event] = []
                 for new in request.events:
-                    text = _dumps(new.data)
                     stored = new.data
+                    text = _dumps(stored)
+                    if not _encodable(text):
+                        # A name that is not UTF-8 (or a model's lone surrogate): SQLite and
+                        # every reader need text, so it is stored as shown (\xff).
+                        stored = shown_data(stored)
+                        text = _dumps(stored)
                     if has_secrets():
                         # One pass over the serialized text; parsed again only when it
                         # held a secret, so what is stored and what is published agree.

@@ -11,13 +11,14 @@ itself, so an unapproved command can never start a process.
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from harness.messages.model import PermissionAction
 from harness.messages.permission import PermissionNeed
@@ -37,16 +38,88 @@ __all__ = [
     "ToolOutput",
     "ToolParams",
     "ToolRejected",
+    "ignored_note",
+    "parse_arguments",
 ]
 
 
 class ToolParams(BaseModel):
-    """Base of every tool's parameter model: unknown arguments are an error the model sees."""
+    """Base of every tool's parameter model.
+
+    The schema the model sees forbids other properties, but a call is parsed leniently by
+    ``parse_arguments``: the names OpenCode's tool of the same name uses are accepted
+    (models trained on it send them), and any other unknown argument is dropped and named
+    in a note on the result.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
+    # OpenCode's name of an argument -> ours. On input only: the schema keeps our names,
+    # so the request bytes stay the same.
+    input_aliases: ClassVar[Mapping[str, str]] = {}
+    # Arguments OpenCode's schema has that this tool has no use for: dropped without a
+    # note. Dotted paths, ``*`` for any list item (``todos.*.id``).
+    ignored_inputs: ClassVar[frozenset[str]] = frozenset()
+
 
 P = TypeVar("P", bound=ToolParams)
+
+# Rounds of dropping unknown arguments: each round drops every one the validation named,
+# so a second is needed only when a nested model is reached once its parent is valid.
+_MAX_DROP_ROUNDS = 4
+
+
+def parse_arguments(params: type[P], raw: dict[str, Any]) -> tuple[P, list[str]]:
+    """Validate a call's arguments: the parsed model and the unknown arguments dropped.
+
+    The one rule for arguments a tool's schema does not have, for every tool: OpenCode's
+    names are renamed to ours, the arguments OpenCode has and we do not need are dropped
+    quietly, and anything else is dropped and returned (dotted paths) so the result can
+    name it. Raises ``ValidationError`` for what is still wrong after that. ``raw`` is
+    not changed: the ledger keeps the arguments as the model sent them.
+    """
+    data: Any = copy.deepcopy(raw)
+    noted: list[str] = []
+    for alias, name in params.input_aliases.items():
+        if alias in data:
+            value = data.pop(alias)
+            if name in data:
+                noted.append(alias)  # both spellings: ours wins
+            else:
+                data[name] = value
+    for _ in range(_MAX_DROP_ROUNDS):
+        try:
+            return params.model_validate(data), list(dict.fromkeys(noted))
+        except ValidationError as error:
+            extras = [e["loc"] for e in error.errors() if e["type"] == "extra_forbidden"]
+            if not extras:
+                raise
+            for loc in extras:
+                _drop(data, loc)
+                path = ".".join(str(piece) for piece in loc)
+                if not _quietly_ignored(params.ignored_inputs, loc):
+                    noted.append(path)
+    return params.model_validate(data), list(dict.fromkeys(noted))
+
+
+def _drop(data: Any, loc: tuple[int | str, ...]) -> None:
+    for piece in loc[:-1]:
+        try:
+            data = data[piece]
+        except (KeyError, IndexError, TypeError):
+            return
+    if isinstance(data, dict):
+        data.pop(loc[-1], None)
+
+
+def _quietly_ignored(patterns: frozenset[str], loc: tuple[int | str, ...]) -> bool:
+    path = ".".join("*" if isinstance(piece, int) else str(piece) for piece in loc)
+    return path in patterns
+
+
+def ignored_note(names: list[str]) -> str:
+    """The line added to a result whose call carried arguments the tool does not take."""
+    return f"\n\n(ignored arguments this tool does not take: {', '.join(names)})"
 
 
 @dataclass(slots=True, frozen=True)

@@ -9,7 +9,9 @@ original lines' span is replaced.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from pathlib import Path
+from typing import ClassVar
 
 from pydantic import Field
 
@@ -27,6 +29,14 @@ MAX_DIFF_LINES = 200
 
 
 class EditParams(ToolParams):
+    # OpenCode's names for these arguments (see ToolParams).
+    input_aliases: ClassVar[Mapping[str, str]] = {
+        "filePath": "path",
+        "oldString": "old_string",
+        "newString": "new_string",
+        "replaceAll": "replace_all",
+    }
+
     path: str = Field(description="File to edit, absolute or relative to the working directory.")
     old_string: str = Field(
         description=(

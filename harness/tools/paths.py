@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from harness.messages.names import on_disk
 from harness.tools.base import PermissionNeed, ToolContext
 
 
@@ -19,7 +20,18 @@ def _root(ctx: ToolContext) -> Path:
 
 
 def resolve_path(raw: str, ctx: ToolContext) -> Path:
-    """The real, absolute path ``raw`` names, relative paths taken from the session dir."""
+    """The real, absolute path ``raw`` names, relative paths taken from the session dir.
+
+    A name the model saw with a non-UTF-8 byte shown as ``\\xff`` names that byte, unless
+    a file is literally called so (harness/messages/names.py).
+    """
+    path = _resolve(raw, ctx)
+    if "\\x" in raw and not os.path.lexists(path):
+        return _resolve(on_disk(raw), ctx)
+    return path
+
+
+def _resolve(raw: str, ctx: ToolContext) -> Path:
     expanded = Path(os.path.expanduser(raw.strip()))
     if not expanded.is_absolute():
         expanded = ctx.directory / expanded

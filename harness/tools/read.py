@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import difflib
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import ClassVar
 
 import trio
 from pydantic import Field
@@ -33,6 +35,9 @@ THREAD_THRESHOLD = 1024 * 1024
 
 
 class ReadParams(ToolParams):
+    # OpenCode's names for these arguments (see ToolParams).
+    input_aliases: ClassVar[Mapping[str, str]] = {"filePath": "path"}
+
     path: str = Field(
         description="File or directory to read, absolute or relative to the working directory."
     )

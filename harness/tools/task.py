@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import ClassVar
+
 from pydantic import Field
 
 from harness.tools.base import (
@@ -15,6 +18,9 @@ from harness.tools.base import (
 
 
 class TaskParams(ToolParams):
+    # OpenCode's names for these arguments (see ToolParams).
+    input_aliases: ClassVar[Mapping[str, str]] = {"subagent_type": "agent"}
+
     description: str = Field(description="A short (3-5 words) description of the task")
     prompt: str = Field(description="The full task for the sub-agent, with all it needs to know")
     agent: str | None = Field(default=None, description="The agent to run it (default: general)")

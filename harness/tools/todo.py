@@ -6,6 +6,8 @@ too) has its own list; the session provides it through ``ToolContext.todos``.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field
 
 from harness.messages.todo import Todo
@@ -44,6 +46,9 @@ def _output(todos: list[Todo]) -> ToolOutput:
 
 
 class TodoWriteParams(ToolParams):
+    # OpenCode's todo items carry an id; ours are kept in order and need none.
+    ignored_inputs: ClassVar[frozenset[str]] = frozenset({"todos.*.id"})
+
     todos: list[Todo] = Field(max_length=200, description="The whole updated todo list")
 
 

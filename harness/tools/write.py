@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import ClassVar
 
 from pydantic import Field
 
@@ -18,6 +20,9 @@ from harness.tools.paths import display_path, resolve_path, write_needs
 
 
 class WriteParams(ToolParams):
+    # OpenCode's names for these arguments (see ToolParams).
+    input_aliases: ClassVar[Mapping[str, str]] = {"filePath": "path"}
+
     path: str = Field(description="File to write, absolute or relative to the working directory.")
     content: str = Field(description="The complete new content of the file.")
 
