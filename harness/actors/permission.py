@@ -29,7 +29,7 @@ from harness.messages.mailbox import (
 )
 from harness.messages.model import Rule
 from harness.messages.permission import PermissionDecision, PermissionRequest
-from harness.permissions.ruleset import decide
+from harness.permissions.ruleset import decide_need
 from harness.storage.ledger import Ledger
 
 log = structlog.get_logger("harness.permission")
@@ -93,7 +93,7 @@ class Permission:
     def _ask(self, ask: AskPermission) -> None:
         need = ask.need
         approvals = self._project_approvals(ask.project)
-        action, rule, approved = decide(need.permission, need.pattern, ask.layers, approvals)
+        action, rule, approved = decide_need(need, ask.layers, approvals)
         if action != "ask":
             self._decide(
                 ask,
@@ -186,7 +186,7 @@ class Permission:
         for other in self._of_session(session_id):
             approvals = self._project_approvals(other.ask.project)
             need = other.ask.need
-            action, rule, _ = decide(need.permission, need.pattern, other.ask.layers, approvals)
+            action, rule, _ = decide_need(need, other.ask.layers, approvals)
             if action == "allow":
                 self._pending.pop(other.request.id)
                 self._decide(

@@ -9,6 +9,7 @@ costs neither memory nor context.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -18,6 +19,7 @@ import trio
 from pydantic import Field, field_validator
 
 from harness.permissions.bash import bash_needs
+from harness.permissions.shell import analyze
 from harness.tools.base import (
     PermissionNeed,
     Tool,
@@ -26,6 +28,7 @@ from harness.tools.base import (
     ToolOutput,
     ToolParams,
 )
+from harness.tools.paths import path_needs, resolve_path
 from harness.tools.process import kill_process_group
 from harness.tools.truncate import MAX_BYTES, MAX_LINES
 
@@ -189,13 +192,38 @@ async def _pump(stream: trio.abc.ReceiveStream, output: _OutputBuffer, done: tri
         done.set()
 
 
+def _write_needs(command: str, ctx: ToolContext) -> list[PermissionNeed]:
+    """A redirection target or ``tee`` file is a write: the needs the write tool would have
+    for it (``edit``, and ``external_directory`` outside the session directory)."""
+    analysis = analyze(command)
+    needs: list[PermissionNeed] = []
+    for target in analysis.writes:
+        raw = target.value
+        if raw is not None and (os.path.isabs(raw) or raw.startswith("~")):
+            known = True
+        else:
+            # A relative target is relative to wherever an earlier `cd` went.
+            known = raw is not None and not analysis.changes_directory
+        if known and raw is not None:
+            needs += path_needs("edit", resolve_path(raw, ctx), ctx)
+            continue
+        # Nobody knows where `> $F` writes: it could be outside, and it could be anything.
+        where, metadata = target.source, {"path": target.source, "unknown": True}
+        needs += [
+            PermissionNeed("external_directory", where, where, metadata, opaque=True),
+            PermissionNeed("edit", where, where, metadata, opaque=True),
+        ]
+    unique = {(n.permission, n.pattern, n.opaque): n for n in reversed(needs)}
+    return list(reversed(unique.values()))
+
+
 class BashTool(Tool[BashParams]):
     name = "bash"
     description = DESCRIPTION
     params = BashParams
 
     def permissions(self, args: BashParams, ctx: ToolContext) -> list[PermissionNeed]:
-        return bash_needs(args.command)
+        return [*bash_needs(args.command), *_write_needs(args.command, ctx)]
 
     def title(self, args: BashParams) -> str:
         if args.description and args.description.strip():
