@@ -302,7 +302,8 @@ def test_redirection_targets_are_writes(line: str, targets: list[str | None]) ->
     assert writes(line) == targets
 
 
-def test_cd_makes_relative_targets_unknown() -> None:
-    assert analyze("cd .. && echo x > f").changes_directory
-    assert analyze("$X; echo x > f").changes_directory
-    assert not analyze("echo x > f").changes_directory
+def test_cd_ln_mv_make_targets_unknown() -> None:
+    assert analyze("cd .. && echo x > f").paths_may_move
+    assert analyze("$X; echo x > f").paths_may_move
+    assert analyze("ln -s /etc e; echo x > e/f").paths_may_move
+    assert not analyze("echo x > f").paths_may_move

@@ -4,8 +4,10 @@ Evaluates a need against the session's merged ruleset and its ancestors' (the st
 answer wins; a stored "always" approval turns an ask into allow, never a deny). An
 ``ask`` becomes a pending request that waits for a reply through ``ReplyPermission``
 (terminal prompt, API), or is rejected at once when nobody can be asked
-(``interactive=False``: a script, CI). Every decision is recorded in the ledger with the
-rule that matched.
+(``interactive=False``: a script, CI). With ``yes`` (``--yes``) an ask is answered "allow"
+at once: it answers asks only, so a deny from any layer (defaults, agent, config, session,
+a parent session) still stands. Every decision is recorded in the ledger with the rule that
+matched.
 """
 
 from __future__ import annotations
@@ -45,14 +47,15 @@ def no_terminal_hint(permission: str, always: str) -> str:
     """The message shown when an ask cannot be asked: it names the flag that allows it."""
     return (
         f"permission '{permission}' for '{always}' needs approval and there is no terminal "
-        f"to ask: rerun with --allow '{permission}:{always}' (or --yes to allow everything)"
+        f"to ask: rerun with --allow '{permission}:{always}' (or --yes to allow what asks)"
     )
 
 
 class Permission:
-    def __init__(self, ledger: Ledger, *, interactive: bool) -> None:
+    def __init__(self, ledger: Ledger, *, interactive: bool, yes: bool = False) -> None:
         self._ledger = ledger
         self._interactive = interactive
+        self._yes = yes
         self.mailbox, self._receive = trio.open_memory_channel[PermissionMessage](math.inf)
         self._pending: dict[str, _Pending] = {}
         self._approvals: dict[str, list[Rule]] = {}
@@ -94,6 +97,9 @@ class Permission:
         need = ask.need
         approvals = self._project_approvals(ask.project)
         action, rule, approved = decide_need(need, ask.layers, approvals)
+        if action == "ask" and self._yes:
+            self._decide(ask, PermissionDecision(True, "yes"))
+            return
         if action != "ask":
             self._decide(
                 ask,

@@ -164,11 +164,6 @@ def parse_rule_flag(text: str, action: PermissionAction) -> Rule:
     return _rule(permission_for_tool(permission), action, pattern)
 
 
-def allow_all() -> list[Rule]:
-    """The ruleset for ``--yes``: allow everything; denies appended after it still win."""
-    return [_rule("*", "allow")]
-
-
 def disabled_tools(tool_names: Iterable[str], rules: Sequence[Rule]) -> set[str]:
     """Tools to hide from the model: the last rule for their permission is a blanket deny.
 

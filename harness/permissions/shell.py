@@ -57,7 +57,9 @@ _KNOWN = frozenset(
 # descriptor when the target is a number or `-`, and `>& file` is `&> file`.
 _WRITE_OPERATORS = frozenset({">", ">>", ">|", "&>", "&>>", ">&", "<>"})
 _NOT_FILES = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr"})
-_CHANGES_DIRECTORY = frozenset({"cd", "pushd", "popd"})
+# After one of these in the same line, a write target named by the text may be elsewhere
+# by the time it is opened: the directory moved, or the path became a symlink.
+_MOVES_PATHS = frozenset({"cd", "pushd", "popd", "ln", "mv", "cp", "rsync", "install"})
 _SAFE_WORD = re.compile(r"[\w@%+=:,./-][\w@%+=:,./#-]*")
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*", re.DOTALL)
 
@@ -125,7 +127,7 @@ class Analysis:
     commands: tuple[Command, ...]  # outer commands before those nested inside them
     writes: tuple[Word, ...]  # redirect and `tee` targets; a hole is a target nobody knows
     unparseable: bool  # the parser did not fully understand the line
-    changes_directory: bool  # a `cd` (or an opaque command) may move relative targets
+    paths_may_move: bool  # a `cd`, `ln`, `mv`… (or an opaque command) may move targets
 
 
 @dataclass
@@ -133,7 +135,7 @@ class _Found:
     commands: list[Command] = field(default_factory=list)
     writes: list[Word] = field(default_factory=list)
     unparseable: bool = False
-    changes_directory: bool = False
+    paths_may_move: bool = False
 
 
 @lru_cache(maxsize=1)
@@ -153,7 +155,7 @@ def analyze(line: str) -> Analysis:
     except Exception:
         return Analysis(tuple(found.commands), tuple(found.writes), True, True)
     return Analysis(
-        tuple(found.commands), tuple(found.writes), found.unparseable, found.changes_directory
+        tuple(found.commands), tuple(found.writes), found.unparseable, found.paths_may_move
     )
 
 
@@ -342,8 +344,8 @@ def _redirect_text(node: Node) -> str:
 def _add(command: Command, found: _Found, depth: int) -> None:
     """Record a command and everything it runs in turn (wrappers, shells, ``eval``)."""
     found.commands.append(command)
-    if command.opaque or command.name in _CHANGES_DIRECTORY:
-        found.changes_directory = True
+    if command.opaque or command.name in _MOVES_PATHS:
+        found.paths_may_move = True
     if command.name == "tee":
         found.writes.extend(_operands(command.words[1:]))
     for inner in _inner(command, found, depth):

@@ -9,7 +9,6 @@ costs neither memory nor context.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 from pathlib import Path
@@ -199,13 +198,12 @@ def _write_needs(command: str, ctx: ToolContext) -> list[PermissionNeed]:
     needs: list[PermissionNeed] = []
     for target in analysis.writes:
         raw = target.value
-        if raw is not None and (os.path.isabs(raw) or raw.startswith("~")):
-            known = True
-        else:
-            # A relative target is relative to wherever an earlier `cd` went.
-            known = raw is not None and not analysis.changes_directory
-        if known and raw is not None:
-            needs += path_needs("edit", resolve_path(raw, ctx), ctx)
+        # The path is judged now, as it resolves now. After a `cd`, `ln` or `mv` in the
+        # same line it may resolve elsewhere when opened; and a parent directory that does
+        # not exist yet is made by the line itself, maybe as a symlink.
+        path = resolve_path(raw, ctx) if raw is not None else None
+        if path is not None and not analysis.paths_may_move and path.parent.is_dir():
+            needs += path_needs("edit", path, ctx)
             continue
         # Nobody knows where `> $F` writes: it could be outside, and it could be anything.
         where, metadata = target.source, {"path": target.source, "unknown": True}
