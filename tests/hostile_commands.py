@@ -134,6 +134,18 @@ RM_VARIANTS = [
         "echo $(rm victim.txt)",
         "echo $(( $(rm victim.txt) 0 ))",
         "env -S 'rm victim.txt'",
+        # Literal text evaluated again: arithmetic evaluates array subscripts, and so do
+        # [[ -eq ]], let, printf -v, declare -i; ${x@P} expands a prompt string.
+        "x='a[$(rm victim.txt)]'; echo $((x))",
+        "x='a[$(rm victim.txt)]'; [[ $x -eq 0 ]]",
+        "x='a[$(rm victim.txt)]'; let y=x",
+        "printf -v 'a[$(rm victim.txt)]' x",
+        "declare -i y; y='a[`rm victim.txt`]'",
+        "x='$(rm victim.txt)'; echo ${x@P}",
+        "x=$'a[\\x24(rm victim.txt)]'; echo $((x))",
+        "x=$(cat <<'EOF'\na[$(rm victim.txt)]\nEOF\n); echo $((x))",
+        "echo $(( a[$(rm victim.txt)] ))",
+        "(( a[$(rm victim.txt)] ))",
     ]
 ]
 
@@ -144,6 +156,8 @@ _PLACEMENTS = [
     "{cmd} $(( `rm victim.txt` ))",
     "{cmd} $(( 1 + $(( $(rm victim.txt) )) ))",
     "{cmd} $[ $(rm victim.txt) ]",
+    "{cmd} $(( a[$(rm victim.txt)] ))",
+    "x='a[$(rm victim.txt)]'; {cmd} $((x))",
     "{cmd} `rm victim.txt`",
     '{cmd} "$(rm victim.txt)"',
     '{cmd} "`rm victim.txt`"',

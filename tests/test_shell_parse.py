@@ -82,15 +82,28 @@ def test_every_substitution_is_a_command(line: str) -> None:
 @pytest.mark.parametrize(
     "line",
     [
-        "echo '$(rm v)'",  # single quotes: literal
         "echo \\$\\(rm v\\)",
-        "cat <<'EOF'\n$(rm v)\nEOF",  # a quoted delimiter: the body is literal
-        'cat <<"EOF"\n`rm v`\nEOF',
         "echo hi # $(rm v)",
     ],
 )
 def test_literal_text_is_not_a_command(line: str) -> None:
     assert "rm v" not in texts(line)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "x='a[$(rm v)]'; echo $((x))",  # arithmetic evaluates the subscript: rm runs
+        "x='$(rm v)'; echo ${x@P}",
+        "printf -v 'a[`rm v`]' 1",
+        "x=$'a[\\x24(rm v)]'",
+        "x=$(cat <<'EOF'\na[$(rm v)]\nEOF\n)",
+        'x="a[\\$(rm v)]"',
+        "x=a[\\$(rm v)]",
+    ],
+)
+def test_substitutions_written_in_literal_text_are_checked_too(line: str) -> None:
+    assert "rm v" in texts(line)
 
 
 # --- normalization ---------------------------------------------------------------------------

@@ -189,7 +189,35 @@ def _walk(line: str, found: _Found, depth: int) -> None:
                 _redirect(node, found)
             elif kind == "heredoc_body":
                 _heredoc_backticks(node, found, depth)
+            if kind in _LITERALS and (not node.named_children):
+                _latent(node, found, depth)
         stack.extend(reversed(node.children))
+
+
+# Literal text is data, until something evaluates it again: `x='a[$(rm v)]'; echo $((x))`
+# runs rm (arithmetic evaluates subscripts), as do `[[ $x -eq 0 ]]`, `let`, `printf -v`,
+# `${x@P}`, and a quoted here-doc read into a variable. Substitutions written in literal
+# text are therefore checked as commands too (an ask, and deny rules see them).
+_LITERALS = frozenset(
+    {"raw_string", "ansi_c_string", "string_content", "word", "heredoc_content", "heredoc_body"}
+)
+
+
+def _latent(node: Node, found: _Found, depth: int) -> None:
+    text = _text(node)
+    if node.type == "ansi_c_string":
+        text = _ansi_c(text[2:-1])
+    if "$(" not in text and "`" not in text:
+        return
+    if node.type == "word" and "\\" not in text:
+        return  # an unquoted `$(` in a word is a real substitution the parser has seen
+    quoted = text.replace("\\", "\\\\").replace('"', '\\"')
+    inner = _Found()
+    _analyze_into(f': "{quoted}"', inner, depth + 1)
+    # The `:` that carried the text is not a command of the line; whatever the text hid is.
+    found.commands.extend(c for c in inner.commands[1:] if c.words)
+    found.writes.extend(inner.writes)
+    found.paths_may_move = found.paths_may_move or inner.paths_may_move
 
 
 def _text(node: Node) -> str:
