@@ -146,6 +146,19 @@ RM_VARIANTS = [
         "x=$(cat <<'EOF'\na[$(rm victim.txt)]\nEOF\n); echo $((x))",
         "echo $(( a[$(rm victim.txt)] ))",
         "(( a[$(rm victim.txt)] ))",
+        # Code in places that are run later or by another program.
+        "shopt -s expand_aliases\nalias ll='rm victim.txt'\nll",
+        "source /dev/stdin <<< 'rm victim.txt'",
+        ". <(echo rm victim.txt)",
+        "bash <(echo rm victim.txt)",
+        "git -c alias.x='!rm victim.txt' x",
+        "git -c core.pager='rm victim.txt' -p log",
+        "GIT_PAGER='rm victim.txt' git -p log",
+        "env GIT_EXTERNAL_DIFF='rm victim.txt' git diff",
+        "export PROMPT_COMMAND='rm victim.txt'",
+        "find . -name victim.txt -exec sh -c 'rm victim.txt' \\;",
+        "echo victim.txt | xargs sh -c 'rm \"$0\"'",
+        "command_not_found_handle() { rm victim.txt; }; nosuchcommand",
     ]
 ]
 

@@ -217,6 +217,14 @@ def test_holes_in_arguments_widen_what_deny_rules_see() -> None:
         "flock /tmp/l rm v",
         "flock /tmp/l -c 'rm v'",
         "chroot / rm v",
+        "alias x='rm v'",
+        "git -c alias.x='!rm v' x",
+        "git -c core.pager='rm v' log",
+        "git -c diff.foo.textconv='rm v' diff",
+        "PAGER='rm v' man ls",
+        "export GIT_SSH_COMMAND='rm v'",
+        "env GIT_EXTERNAL_DIFF='rm v' git diff",
+        "find . -exec sh -c 'rm v' \\;",
     ],
 )
 def test_the_command_inside_a_wrapper_is_a_need(line: str) -> None:
@@ -246,6 +254,10 @@ def test_find_delete_is_rm() -> None:
         "bash -s < script",
         "sh",
         "env -S 'rm v'",
+        "source /dev/stdin",
+        ". <(curl x)",
+        "bash <(curl x)",
+        "git --config-env=core.pager=P log",
     ],
 )
 def test_code_nobody_can_see_is_opaque(line: str) -> None:

@@ -189,6 +189,8 @@ def _walk(line: str, found: _Found, depth: int) -> None:
                 _redirect(node, found)
             elif kind == "heredoc_body":
                 _heredoc_backticks(node, found, depth)
+            elif kind == "variable_assignment":
+                _assignment(node, found, depth)
             if kind in _LITERALS and (not node.named_children):
                 _latent(node, found, depth)
         stack.extend(reversed(node.children))
@@ -355,6 +357,23 @@ def _command(node: Node, found: _Found, depth: int) -> None:
     _add(Command(tuple(words), redirects, _text(node), assignments), found, depth)
 
 
+# Variables whose value some program runs as a shell command line (git, man, ssh, bash).
+_CODE_VARIABLES = frozenset(
+    {
+        "PAGER", "GIT_PAGER", "MANPAGER", "SYSTEMD_PAGER", "GIT_SSH_COMMAND", "GIT_EDITOR",
+        "EDITOR", "VISUAL", "GIT_SEQUENCE_EDITOR", "GIT_EXTERNAL_DIFF", "GIT_ASKPASS",
+        "SSH_ASKPASS", "PROMPT_COMMAND", "LESSOPEN", "LESSCLOSE",
+    }
+)  # fmt: skip
+
+
+def _assignment(node: Node, found: _Found, depth: int) -> None:
+    name = node.child_by_field_name("name")
+    value = node.child_by_field_name("value")
+    if name is not None and value is not None and _text(name) in _CODE_VARIABLES:
+        _code([word_of(value)], found, depth)
+
+
 def _assignment_text(node: Node) -> str:
     name = node.child_by_field_name("name")
     value = node.child_by_field_name("value")
@@ -377,6 +396,9 @@ def _add(command: Command, found: _Found, depth: int) -> None:
     if command.name == "tee":
         found.writes.extend(_operands(command.words[1:]))
     for inner in _inner(command, found, depth):
+        if inner == (_HOLE,):
+            # Could be anything: shown as the command that runs it.
+            inner = (Word(None, command.text, "*"),)
         if inner:
             _add(Command(inner, (), command.source), found, depth)
 
@@ -505,6 +527,32 @@ _WRAPPERS: dict[str, tuple[frozenset[str], int, bool]] = {
 _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "ash", "mksh", "yash", "fish"})
 _SHELL_VALUE_OPTIONS = frozenset({"-o", "+o", "-O", "+O", "--rcfile", "--init-file"})
 _FIND_EXEC = frozenset({"-exec", "-execdir", "-ok", "-okdir"})
+_STDIN_PATHS = ("/dev/stdin", "/dev/fd/", "/proc/self/fd/", "-")
+# git configuration whose value git runs as a command line (`!cmd` for an alias).
+_GIT_COMMAND_KEY = re.compile(
+    r"core\.(pager|editor|sshcommand|fsmonitor|askpass|hookspath)|sequence\.editor"
+    r"|diff\.external|diff\..*\.(textconv|command)|filter\..*\.(clean|smudge|process)"
+    r"|merge\..*\.driver|pager\..*|credential\..*|gpg\..*program|.*\.cmd|.*command"
+    r"|uploadpack\.packobjectshook|alias\..*",
+    re.IGNORECASE,
+)
+
+
+def _git_config(words: tuple[Word, ...], found: _Found, depth: int) -> None:
+    """``git -c alias.x='!rm v' x``, ``git -c core.pager='rm v' log``: the value is code."""
+    for i, word in enumerate(words[1:], start=1):
+        if word.value == "-c":
+            setting = words[i + 1] if i + 1 < len(words) else _HOLE
+        elif word.value is not None and word.value.startswith("--config-env"):
+            setting = _HOLE  # the value comes from the environment
+        else:
+            continue
+        if setting.value is None:
+            _code([_HOLE], found, depth)
+            continue
+        key, _, value = setting.value.partition("=")
+        if _GIT_COMMAND_KEY.fullmatch(key):
+            _code([_literal(value.removeprefix("!"))], found, depth)
 
 
 def _inner(command: Command, found: _Found, depth: int) -> list[tuple[Word, ...]]:
@@ -513,6 +561,11 @@ def _inner(command: Command, found: _Found, depth: int) -> list[tuple[Word, ...]
     if name is None:
         return []
     spec = _WRAPPERS.get(name)
+    if name in ("env", "sudo"):
+        for word in words[1:]:
+            key, eq, value = (word.value or "").partition("=")
+            if eq and key in _CODE_VARIABLES:
+                _code([_literal(value)], found, depth)
     if spec is not None:
         takes_value, operands, assignments = spec
         if name == "env" and any(
@@ -526,6 +579,19 @@ def _inner(command: Command, found: _Found, depth: int) -> list[tuple[Word, ...]
         return [_rest(words, index, operands)]
     if name in _SHELLS:
         return _shell(words, found, depth)
+    if name == "alias":
+        # `alias x='rm v'` then `x` on a later line runs rm (with expand_aliases).
+        for word in words[1:]:
+            if word.value is None:
+                return [(_HOLE,)]
+            if "=" in word.value:
+                _code([_literal(word.value.partition("=")[2])], found, depth)
+    elif name in ("source", "."):
+        script = _operands(words[1:])[:1]
+        if script and (script[0].value is None or script[0].value.startswith(_STDIN_PATHS)):
+            return [(_HOLE,)]  # code from a pipe nobody can see
+    elif name == "git":
+        _git_config(words, found, depth)
     if name in ("su", "runuser"):
         return _code_after(words, ("-c", "--command"), found, depth)
     if name == "eval":
@@ -547,7 +613,8 @@ def _code(words: tuple[Word, ...] | list[Word], found: _Found, depth: int) -> No
     if not words:
         return
     if any(w.value is None for w in words):
-        _add(Command((_HOLE,), (), " ".join(w.source for w in words)), found, depth)
+        source = " ".join(w.source for w in words)
+        _add(Command((Word(None, source, "*"),), (), source), found, depth)
         return
     _analyze_into(" ".join(w.value or "" for w in words), found, depth + 1)
 
