@@ -159,6 +159,11 @@ RM_VARIANTS = [
         "find . -name victim.txt -exec sh -c 'rm victim.txt' \\;",
         "echo victim.txt | xargs sh -c 'rm \"$0\"'",
         "command_not_found_handle() { rm victim.txt; }; nosuchcommand",
+        # A name that runs another program: a PATH of the model's, a hashed path.
+        "ln -s /bin/rm ls; PATH=.:$PATH ls victim.txt",
+        "ln -s /bin/rm ls; export PATH=.:$PATH; ls victim.txt",
+        "ln -s /bin/rm ls; env PATH=.:/usr/bin:/bin ls victim.txt",
+        "hash -p /bin/rm ls; ls victim.txt",
     ]
 ]
 
@@ -198,12 +203,17 @@ _PLACEMENTS = [
     "{cmd}() {{ rm victim.txt; }}; {cmd}",
 ]
 
+_PLACEMENTS += [
+    "ln -s /bin/rm {cmd}; PATH=.:$PATH; {cmd} victim.txt",
+    "hash -p /bin/rm {cmd}; {cmd} victim.txt",
+]
+
 SUBSTITUTIONS = [
     Row(placement.format(cmd=cmd), "asks", allow=(f"bash:{cmd} *",))
     for cmd in ("ls", "git status")
     for placement in _PLACEMENTS
     # `git status() { … }` is not a function definition bash accepts; one word will do.
-    if not (cmd == "git status" and placement.startswith("{cmd}()"))
+    if not (cmd == "git status" and placement.startswith(("{cmd}()", "ln", "hash")))
 ]
 
 # --- redirection: a target is a write, and the path rules hold -------------------------------

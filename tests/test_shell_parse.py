@@ -138,11 +138,11 @@ def test_quotes_escapes_assignments_are_normalized(line: str) -> None:
 
 
 def test_the_name_as_written_is_what_allow_rules_see() -> None:
+    (need,) = bash_needs("FOO=1 ls")
+    assert need.pattern == "FOO=1 ls" and need.covers == "ls"
     (need,) = bash_needs("/bin/rm -f v")
     assert need.pattern == "/bin/rm -f v"  # `--allow 'bash:rm *'` does not cover /bin/rm
     assert need.covers == "rm -f v"  # ... but `--deny 'bash:rm *'` does
-    (need,) = bash_needs("PATH=. ls")
-    assert need.pattern == "PATH=. ls" and need.covers == "ls"
 
 
 @pytest.mark.parametrize(
@@ -258,6 +258,11 @@ def test_find_delete_is_rm() -> None:
         ". <(curl x)",
         "bash <(curl x)",
         "git --config-env=core.pager=P log",
+        "PATH=.:$PATH; ls",  # which program `ls` is, is now unknown
+        "export PATH=.",
+        "LD_PRELOAD=./x.so ls",
+        "env PATH=. ls",
+        "hash -p /bin/rm ls",
     ],
 )
 def test_code_nobody_can_see_is_opaque(line: str) -> None:

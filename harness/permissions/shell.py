@@ -367,11 +367,28 @@ _CODE_VARIABLES = frozenset(
 )  # fmt: skip
 
 
+# Variables that change which program a command name runs, or load code into every
+# program: after `PATH=.:$PATH` (with `ln -s /bin/rm ls` before it), `ls` may be rm.
+_PROGRAM_VARIABLES = frozenset(
+    {"PATH", "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "BASH_ENV", "ENV", "BASH_LOADABLES_PATH"}
+)
+
+
 def _assignment(node: Node, found: _Found, depth: int) -> None:
     name = node.child_by_field_name("name")
     value = node.child_by_field_name("value")
-    if name is not None and value is not None and _text(name) in _CODE_VARIABLES:
-        _code([word_of(value)], found, depth)
+    if name is None:
+        return
+    _assigned(_text(name), word_of(value) if value is not None else _literal(""), found, depth)
+
+
+def _assigned(name: str, value: Word, found: _Found, depth: int) -> None:
+    if name in _CODE_VARIABLES:
+        _code([value], found, depth)
+    elif name in _PROGRAM_VARIABLES:
+        # What any later command name means is now unknown: an opaque need of its own.
+        text = f"{name}={value.text}"
+        _add(Command((Word(None, text, "*"),), (), text), found, depth)
 
 
 def _assignment_text(node: Node) -> str:
@@ -561,11 +578,15 @@ def _inner(command: Command, found: _Found, depth: int) -> list[tuple[Word, ...]
     if name is None:
         return []
     spec = _WRAPPERS.get(name)
-    if name in ("env", "sudo"):
+    if name in ("env", "sudo", "export", "declare", "typeset", "local", "readonly"):
         for word in words[1:]:
             key, eq, value = (word.value or "").partition("=")
-            if eq and key in _CODE_VARIABLES:
-                _code([_literal(value)], found, depth)
+            if eq and _ASSIGNMENT.fullmatch(word.value or ""):
+                _assigned(key, _literal(value), found, depth)
+    if name in ("hash", "enable") and any(
+        w.value is None or w.value.startswith(("-p", "-f")) for w in words[1:]
+    ):
+        return [(_HOLE,)]  # `hash -p /bin/rm ls`: the name ls now runs rm
     if spec is not None:
         takes_value, operands, assignments = spec
         if name == "env" and any(
