@@ -201,6 +201,10 @@ _PLACEMENTS = [
     "for f in $(rm victim.txt); do {cmd}; done",
     "case $(rm victim.txt) in *) {cmd};; esac",
     "{cmd}() {{ rm victim.txt; }}; {cmd}",
+    # A here-doc delimiter the grammar reads otherwise than bash: `rm` would hide in a body.
+    "{cmd} <<'E'\"F\"\nx\nEF\nrm victim.txt",
+    "{cmd} <<EOF; rm victim.txt\nbody\nEOF",
+    "{cmd} <<A <<B\na\nA\nb\nB\nrm victim.txt",
 ]
 
 _PLACEMENTS += [

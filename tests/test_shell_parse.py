@@ -287,8 +287,27 @@ def test_what_the_parser_cannot_read_is_marked(line: str) -> None:
     assert first.opaque and first.pattern == line
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        "cat <<'E'\"F\"\nx\nEF\nrm v",  # bash's delimiter is EF; the grammar reads past it
+        "cat <<EOF\nbody",  # never ends
+        "cat <<A <<B\na\nA\nb\nB",
+    ],
+)
+def test_a_here_doc_read_otherwise_than_bash_reads_it_is_marked(line: str) -> None:
+    assert analyze(line).unparseable
+
+
 def test_well_formed_lines_are_not_marked() -> None:
-    for line in ["ls -la", "git commit -m \"$(cat <<'EOF'\nx\nEOF\n)\"", "a && b | c", "x=1"]:
+    for line in [
+        "ls -la",
+        "git commit -m \"$(cat <<'EOF'\nx\nEOF\n)\"",
+        "a && b | c",
+        "x=1",
+        "cat <<-EOF > f && chmod +x f\n\tbody\n\tEOF",
+        'cat << "EOF"\nx\nEOF',
+    ]:
         assert not analyze(line).unparseable, line
 
 

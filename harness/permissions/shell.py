@@ -191,6 +191,8 @@ def _walk(line: str, found: _Found, depth: int) -> None:
                 _heredoc_backticks(node, found, depth)
             elif kind == "variable_assignment":
                 _assignment(node, found, depth)
+            elif kind == "heredoc_redirect" and not _heredoc_agrees(node):
+                found.unparseable = True
             if kind in _LITERALS and (not node.named_children):
                 _latent(node, found, depth)
         stack.extend(reversed(node.children))
@@ -432,6 +434,24 @@ def _redirect(node: Node, found: _Found) -> None:
     if target.value in _NOT_FILES:
         return
     found.writes.append(target)
+
+
+def _heredoc_agrees(node: Node) -> bool:
+    """Whether the grammar ends a here-doc where bash does. If it read past bash's end,
+    commands bash runs would hide in the body; either way the line is not understood."""
+    parts = {c.type: c for c in node.named_children}
+    start, body = parts.get("heredoc_start"), parts.get("heredoc_body")
+    end = parts.get("heredoc_end")
+    if start is None or end is None:
+        return False
+    delimiter = re.sub(r"[\'\"\\]", "", _text(start))
+    tabs = any(_text(c) == "<<-" for c in node.children if not c.is_named)
+
+    def ends(line: str) -> bool:
+        return (line.lstrip("\t") if tabs else line) == delimiter
+
+    lines = _text(body).split("\n") if body is not None else []
+    return ends(_text(end)) and not any(ends(line) for line in lines)
 
 
 def _heredoc_backticks(node: Node, found: _Found, depth: int) -> None:
