@@ -164,6 +164,21 @@ RM_VARIANTS = [
         "ln -s /bin/rm ls; export PATH=.:$PATH; ls victim.txt",
         "ln -s /bin/rm ls; env PATH=.:/usr/bin:/bin ls victim.txt",
         "hash -p /bin/rm ls; ls victim.txt",
+        # The command comes from stdin, or from a wrapper's own syntax.
+        "echo rm victim.txt | xargs env",
+        "echo 'rm victim.txt' | xargs -I X sh -c X",
+        "echo \"'rm victim.txt'\" | xargs sh -c",
+        "env - rm victim.txt",
+        "script -qc 'rm victim.txt' /dev/null",
+        "sg $(id -gn) 'rm victim.txt'",
+        "parallel rm ::: victim.txt",
+        "chrt -o 0 rm victim.txt",
+        "prlimit --nofile=100 rm victim.txt",
+        "ssh -o BatchMode=yes localhost rm victim.txt",
+        "/bin/r[m] victim.txt",
+        "r{m,} victim.txt",
+        "find /bin /usr/bin -name rm -exec {} victim.txt \\;",
+        "find /bin -name rm -exec env {} victim.txt \\;",
     ]
 ]
 

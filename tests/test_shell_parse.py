@@ -225,8 +225,21 @@ def test_holes_in_arguments_widen_what_deny_rules_see() -> None:
         "export GIT_SSH_COMMAND='rm v'",
         "env GIT_EXTERNAL_DIFF='rm v' git diff",
         "find . -exec sh -c 'rm v' \\;",
+        "env - rm v",
+        "script -qc 'rm v' /dev/null",
+        "sg staff 'rm v'",
+        "ssh -p 22 host rm v",
+        "chrt -f 1 rm v",
+        "prlimit --nofile=1 rm v",
     ],
 )
+
+
+def test_xargs_puts_words_from_stdin_into_the_command() -> None:
+    assert "grep -l foo ?" in texts("xargs grep -l foo")
+    assert opaque("echo rm v | xargs env") and opaque("xargs -I X sh -c X")
+    assert "rm ?" in texts("xargs -I{} rm {}")  # `{}` alone is no brace expansion
+    assert not opaque("xargs -I{} rm {}")
 def test_the_command_inside_a_wrapper_is_a_need(line: str) -> None:
     found = texts(line)
     assert "rm v" in found or any(t.startswith("rm v ") for t in found), found

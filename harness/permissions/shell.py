@@ -270,27 +270,39 @@ def _evaluate(node: Node) -> tuple[str | None, str]:
                 values = None
             elif values is not None:
                 values.append(part)
+        # The grammar splits `{a,b}` and `[r]m` into pieces: look at the unquoted ones whole.
+        shape = "".join(
+            _text(c) if c.type == "word" else " " * len(_text(c)) for c in node.named_children
+        )
+        if _EXPANDS.search(shape):
+            values = None
         return ("".join(values) if values is not None else None), "".join(globs)
     return None, "*"
+
+
+# Unquoted, these expand: `/bin/r?` and `/bin/[r]m` may well be rm, `{rm,v}` is `rm v`.
+# (`{}`, `[` alone and `x{y}` stay as written.)
+_EXPANDS = re.compile(r"[*?]|\[[^\]]+\]|\{[^{}]*(?:,|\.\.)[^{}]*\}")
 
 
 def _unquoted(text: str) -> tuple[str | None, str]:
     """An unquoted word: escapes removed; globs and brace expansions are holes."""
     out: list[str] = []
-    expands = False
+    shape: list[str] = []  # the word with escaped characters blanked, to look for globs
     i = 0
     while i < len(text):
         c = text[i]
         if c == "\\":
-            out.append(text[i + 1 : i + 2].replace("\n", ""))
+            escaped = text[i + 1 : i + 2].replace("\n", "")
+            out.append(escaped)
+            shape.append(" " * len(escaped))
             i += 2
             continue
-        if c in "*?[{}":
-            expands = True  # pathname or brace expansion: `/bin/r?` may well be `rm`
         out.append(c)
+        shape.append(c)
         i += 1
     value = "".join(out)
-    if expands:
+    if _EXPANDS.search("".join(shape)):
         return None, re.sub(r"[\[\]{}]", "*", value)
     return value, value
 
@@ -557,6 +569,11 @@ _WRAPPERS: dict[str, tuple[frozenset[str], int, bool]] = {
     "busybox": (_opts(), 0, False),
     "coproc": (_opts(), 0, False),
     "flock": (_opts("-w", "--timeout", "-E", "--conflict-exit-code"), 1, False),
+    "chrt": (_opts(), 1, False),
+    "prlimit": (_opts("-p", "--pid"), 0, False),
+    "systemd-run": (_opts("-p", "--property", "-u", "--unit", "-M", "--machine"), 0, False),
+    "firejail": (_opts(), 0, False),
+    "unbuffer": (_opts(), 0, False),
     "strace": (
         _opts("-o", "-e", "-p", "-s", "-u", "-E", "-a", "-b", "-I", "-O", "-S", "-P"), 0, False
     ),
@@ -616,8 +633,13 @@ def _inner(command: Command, found: _Found, depth: int) -> list[tuple[Word, ...]
             return [(_HOLE,)]  # `env -S 'rm x'` splits a string into a command
         if name == "flock" and any(w.value in ("-c", "--command") for w in words[1:]):
             return _code_after(words, ("-c", "--command"), found, depth)
+        if name == "env":
+            words = tuple(w for w in words if w.value != "-")  # `env -` is `env -i`
         index = _after_options(words, 1, takes_value, assignments=assignments)
-        return [_rest(words, index, operands)]
+        inner = _rest(words, index, operands)
+        if name == "xargs" and index is not None:
+            inner = _xargs(words[:index], inner)
+        return [inner]
     if name in _SHELLS:
         return _shell(words, found, depth)
     if name == "alias":
@@ -633,8 +655,23 @@ def _inner(command: Command, found: _Found, depth: int) -> list[tuple[Word, ...]
             return [(_HOLE,)]  # code from a pipe nobody can see
     elif name == "git":
         _git_config(words, found, depth)
-    if name in ("su", "runuser"):
+    if name in ("su", "runuser", "script", "sg"):
+        if name == "sg" and len(_operands(words[1:])) > 1 and not any(
+            w.value in ("-c",) for w in words[1:]
+        ):
+            _code(_operands(words[1:])[1:2], found, depth)  # `sg GROUP CMD`: CMD is code
         return _code_after(words, ("-c", "--command"), found, depth)
+    if name == "ssh":
+        # `ssh host CMD…`: the words are joined and run by a shell, maybe this machine's.
+        index = _after_options(words, 1, _SSH_VALUE_OPTIONS)
+        rest = _rest(words, index)
+        _code(rest[1:], found, depth)
+        return []
+    if name == "parallel":
+        index = _after_options(words, 1, _opts("-j", "--jobs", "-S", "--sshlogin", "-a"))
+        rest = _rest(words, index)
+        cut = next((i for i, w in enumerate(rest) if w.value in (":::", "::::")), len(rest))
+        return [(*rest[:cut], _HOLE)] if rest[:cut] else [(_HOLE,)]
     if name == "eval":
         _code(words[1:], found, depth)
     elif name == "watch":
@@ -647,6 +684,37 @@ def _inner(command: Command, found: _Found, depth: int) -> list[tuple[Word, ...]
     elif name == "find":
         return _find(words)
     return []
+
+
+_SSH_VALUE_OPTIONS = _opts(
+    "-b", "-c", "-D", "-E", "-e", "-F", "-I", "-i", "-J", "-L", "-l", "-m", "-O", "-o", "-p",
+    "-Q", "-R", "-S", "-W", "-w", "-B",
+)  # fmt: skip
+
+
+def _xargs(options: tuple[Word, ...], inner: tuple[Word, ...]) -> tuple[Word, ...]:
+    """What xargs runs: the command given, with words from stdin where it puts them.
+
+    Without a command it runs ``echo``. With ``-I R`` (``-i``, ``--replace``) each word
+    holding R is replaced; otherwise the stdin words are appended, so ``xargs env`` or
+    ``xargs sh -c`` runs a command nobody can see.
+    """
+    if not inner:
+        return ()
+    replace: str | None = None
+    for i, word in enumerate(options):
+        value = word.value or ""
+        if value == "-I" and i + 1 < len(options):
+            replace = options[i + 1].value
+        elif value.startswith("-I") and len(value) > 2:
+            replace = value[2:]
+        elif value in ("-i", "--replace"):
+            replace = "{}"
+        elif value.startswith(("-i", "--replace=")):
+            replace = value.partition("=")[2] if "=" in value else value[2:]
+    if replace is None:
+        return (*inner, _HOLE)
+    return tuple(_HOLE if replace in (w.value or "") else w for w in inner)
 
 
 def _code(words: tuple[Word, ...] | list[Word], found: _Found, depth: int) -> None:
@@ -667,7 +735,7 @@ def _code_after(
         value = word.value
         if value is None:
             return [(_HOLE,)]
-        if value in flags:
+        if value in flags or ("-c" in flags and re.fullmatch(r"-[A-Za-z]*c", value)):
             _code(words[i + 1 : i + 2] or [_HOLE], found, depth)
         elif any(value.startswith(f + "=") for f in flags if f.startswith("--")):
             _code([_literal(value.partition("=")[2])], found, depth)
@@ -719,7 +787,9 @@ def _find(words: tuple[Word, ...]) -> list[tuple[Word, ...]]:
             end = i + 1
             while end < len(words) and words[end].value not in (";", "+"):
                 end += 1
-            inner.append(words[i + 1 : end] or (_HOLE,))
+            # find puts each file name where `{}` is: `-exec {} v \;` runs what it finds.
+            run = tuple(_HOLE if "{}" in (w.value or "") else w for w in words[i + 1 : end])
+            inner.append(run or (_HOLE,))
             i = end
         elif word.value == "-delete":
             # find's own deletion is `rm` as far as any deny rule is concerned.
