@@ -265,6 +265,8 @@ REDIRECTIONS = [
             "F={outside}/new.txt; echo x > $F",
             "echo x > $(echo {outside}/new.txt)",
             "ln -s {outside} link; echo x > link/new.txt",
+            "echo x 1<> {outside}/new.txt",  # `<>` is not in the grammar: the line is unread
+            "X=tee; echo x | $X {outside}/new.txt",  # a command that could be anything
         ]
     ),
     Row("echo x > victim.txt", "denied", deny=("edit",), yes=True),

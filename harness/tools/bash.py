@@ -18,7 +18,7 @@ import trio
 from pydantic import Field, field_validator
 
 from harness.permissions.bash import bash_needs
-from harness.permissions.shell import analyze
+from harness.permissions.shell import Word, analyze
 from harness.tools.base import (
     PermissionNeed,
     Tool,
@@ -196,7 +196,12 @@ def _write_needs(command: str, ctx: ToolContext) -> list[PermissionNeed]:
     for it (``edit``, and ``external_directory`` outside the session directory)."""
     analysis = analyze(command)
     needs: list[PermissionNeed] = []
-    for target in analysis.writes:
+    targets = list(analysis.writes)
+    if analysis.unparseable or any(c.opaque for c in analysis.commands):
+        # A line not understood (`1<> f` is not in the grammar) or a command that could be
+        # anything (`$X ../f` with X=tee) may write anywhere: a target nobody knows.
+        targets.append(Word(None, command, "*"))
+    for target in targets:
         raw = target.value
         # The path is judged now, as it resolves now. After a `cd`, `ln` or `mv` in the
         # same line it may resolve elsewhere when opened; and a parent directory that does
