@@ -177,6 +177,8 @@ RM_VARIANTS = [
         "ssh -o BatchMode=yes localhost rm victim.txt",
         "/bin/r[m] victim.txt",
         "r{m,} victim.txt",
+        "compgen -C 'rm victim.txt' x",
+        "mapfile -C 'rm victim.txt' -c 1 a <<< x",
         "find /bin /usr/bin -name rm -exec {} victim.txt \\;",
         "find /bin -name rm -exec env {} victim.txt \\;",
     ]

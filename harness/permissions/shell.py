@@ -661,6 +661,8 @@ def _inner(command: Command, found: _Found, depth: int) -> list[tuple[Word, ...]
         ):
             _code(_operands(words[1:])[1:2], found, depth)  # `sg GROUP CMD`: CMD is code
         return _code_after(words, ("-c", "--command"), found, depth)
+    if name in ("compgen", "complete", "mapfile", "readarray"):
+        return _code_after(words, ("-C",), found, depth)  # -C CMD: a command they run
     if name == "ssh":
         # `ssh host CMD…`: the words are joined and run by a shell, maybe this machine's.
         index = _after_options(words, 1, _SSH_VALUE_OPTIONS)
