@@ -233,6 +233,9 @@ def test_holes_in_arguments_widen_what_deny_rules_see() -> None:
         "prlimit --nofile=1 rm v",
     ],
 )
+def test_the_command_inside_a_wrapper_is_a_need(line: str) -> None:
+    found = texts(line)
+    assert "rm v" in found or any(t.startswith("rm v ") for t in found), found
 
 
 def test_xargs_puts_words_from_stdin_into_the_command() -> None:
@@ -240,9 +243,6 @@ def test_xargs_puts_words_from_stdin_into_the_command() -> None:
     assert opaque("echo rm v | xargs env") and opaque("xargs -I X sh -c X")
     assert "rm ?" in texts("xargs -I{} rm {}")  # `{}` alone is no brace expansion
     assert not opaque("xargs -I{} rm {}")
-def test_the_command_inside_a_wrapper_is_a_need(line: str) -> None:
-    found = texts(line)
-    assert "rm v" in found or any(t.startswith("rm v ") for t in found), found
 
 
 def test_the_wrapper_is_a_need_too() -> None:
