@@ -70,7 +70,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--session", help="continue this session instead of starting one")
     run.add_argument("--agent", help="build (default) or plan")
     run.add_argument("--max-steps", type=int, help="stop after N model steps (exit 3)")
-    run.add_argument("--yes", action="store_true", help="allow every permission that asks")
+    run.add_argument(
+        "--yes", action="store_true", help="allow every permission that asks (never a deny)"
+    )
     run.add_argument(
         "--allow",
         action="append",
@@ -278,9 +280,11 @@ def _exit_code_for(error: BaseException) -> int:
 
 
 def _rules(args: argparse.Namespace) -> list[Rule]:
-    from harness.permissions.ruleset import allow_all, parse_rule_flag
+    from harness.permissions.ruleset import parse_rule_flag
 
-    rules: list[Rule] = allow_all() if args.yes else []
+    # --yes is not a rule: it answers asks (Config.yes, _DaemonTurn), so no rule it could
+    # outrank, the plan agent's `edit deny` included, is ever lifted by it.
+    rules: list[Rule] = []
     try:
         rules += [parse_rule_flag(text, "allow") for text in args.allow]
         rules += [parse_rule_flag(text, "deny") for text in args.deny]
@@ -326,6 +330,7 @@ def _run(args: argparse.Namespace) -> int:
         max_steps=args.max_steps,
         rules=rules,
         interactive=interactive,
+        yes=args.yes,
         durability=args.durability,
         record=record,
         budget_tokens=args.budget_tokens,
@@ -357,7 +362,7 @@ def _daemon_can_take(args: argparse.Namespace) -> bool:
     ``--base-url``, ``--max-steps`` and ``--record`` configure a whole harness, not one
     session, and rules given with ``--session`` would have to change an existing session.
     """
-    rules_given = bool(args.yes or args.allow or args.deny)
+    rules_given = bool(args.allow or args.deny)  # --yes is the client's answer, not a rule
     budgets = (args.budget_tokens, args.budget_cost, args.budget_time)
     if args.show_request or any(limit is not None for limit in budgets):
         return False  # these configure this process's harness
@@ -619,7 +624,9 @@ def _run_via_daemon(
     stream = client.events(session_id, after=client.health()["last_seq"])
     stream.open()
     message_id = client.prompt(session_id, text, message_id=ids.message_id())
-    turn = _DaemonTurn(client, _Display(session_id, json_mode=args.json), interactive)
+    turn = _DaemonTurn(
+        client, _Display(session_id, json_mode=args.json), interactive, yes=args.yes
+    )
     try:
         return turn.follow(stream, message_id)
     finally:
@@ -629,10 +636,15 @@ def _run_via_daemon(
 class _DaemonTurn:
     """Follows one turn through the daemon, with embedded ``run``'s output and exit codes."""
 
-    def __init__(self, client: Client, view: _Display, interactive: bool) -> None:
+    def __init__(
+        self, client: Client, view: _Display, interactive: bool, *, yes: bool = False
+    ) -> None:
         self._client = client
         self._view = view
         self._interactive = interactive
+        # --yes through the daemon: this client answers "once" to every ask of its session
+        # tree. The daemon asks only what no rule decided, so a deny is never seen here.
+        self._yes = yes
         self._asked: set[str] = set()
         self._rejected_calls: set[str] = set()
 
@@ -678,8 +690,10 @@ class _DaemonTurn:
             return  # replayed after a reconnect: answered already
         self._asked.add(data["id"])
         message: str | None = None
-        no_terminal = not self._interactive
-        if self._interactive:
+        no_terminal = not self._interactive and not self._yes
+        if self._yes:
+            reply = "once"
+        elif self._interactive:
             print(self._view.question(event), end="", file=sys.stderr, flush=True)
             reply, message = _parse_answer(sys.stdin.readline())
         else:

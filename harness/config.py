@@ -33,7 +33,8 @@ class Config:
 
     ``provider_factory`` replaces the model-string lookup (embedding, tests): it gets the
     session's model string and returns a Provider. ``interactive=False`` rejects every
-    permission ask at once, with a message naming the flag that would allow it.
+    permission ask at once, with a message naming the flag that would allow it; ``yes=True``
+    allows every ask instead, and still refuses whatever a rule denies.
     """
 
     home: Path = field(default_factory=default_home)
@@ -43,6 +44,8 @@ class Config:
     max_steps: int | None = None
     rules: Sequence[Rule] = ()
     interactive: bool = True
+    # --yes: every permission that asks is allowed at once; denials stay (DESIGN §8).
+    yes: bool = False
     durability: Literal["normal", "full"] = "normal"
     log_level: str = "info"
     log_format: Literal["json", "console"] = "json"

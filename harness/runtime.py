@@ -476,7 +476,7 @@ async def open_harness(config: Config | None = None) -> AsyncIterator[Harness]:
 async def _open_harness(config: Config) -> AsyncIterator[Harness]:
     ledger = Ledger(config.ledger_path, durability=config.durability)
     feed = EventFeed()
-    permission = Permission(ledger, interactive=config.interactive)
+    permission = Permission(ledger, interactive=config.interactive, yes=config.yes)
     question = Question(ledger, interactive=config.interactive)
     tools = builtin_tools()
     services = SessionServices(

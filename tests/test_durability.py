@@ -50,7 +50,12 @@ from harness.providers.scripted import ScriptedProvider
 from harness.runtime import open_harness
 from harness.storage.ledger import Ledger
 
-ALLOW_BASH = [Rule(permission="bash", pattern="*", action="allow")]
+# The commands append to counters beside the project: a redirection is a write, and one
+# outside the session directory needs external_directory too (issue 11).
+ALLOW_BASH = [
+    Rule(permission=permission, pattern="*", action="allow")
+    for permission in ("bash", "edit", "external_directory")
+]
 DEADLINE = 15.0  # a guard against a hung recovery; every test finishes far sooner
 
 
@@ -426,7 +431,7 @@ def test_a_killed_daemon_resumes_sessions_cut_mid_tool_and_mid_stream(
         {"text": "B: done", "delay": 60},  # the kill lands while this step streams
     ]
     script_b = script(tmp_path / "b.json", b_turns)
-    allow = [{"permission": "bash", "pattern": "*", "action": "allow"}]
+    allow = [rule.model_dump() for rule in ALLOW_BASH]
     daemon = start_daemon(env, tmp_path / "daemon-1.log")
     try:
         client = Client(Path(env["HARNESS_SOCKET"]))
@@ -609,7 +614,11 @@ async def test_a_resume_that_lost_nothing_resends_the_interrupted_request_byte_f
     again = Reply(events=[chunk("done: one line"), chunk(finish="stop")])
     async with wire_server(first, cut, again) as server:
         daemon_env = {**env, "HARNESS_BASE_URL": server.url + "/v1"}
-        allow = [{"permission": "bash", "pattern": "*", "action": "allow"}]
+        # The counter sits outside the project: `>>` there is an edit outside it.
+        allow = [
+            {"permission": name, "pattern": "*", "action": "allow"}
+            for name in ("bash", "edit", "external_directory")
+        ]
         daemon = await trio.to_thread.run_sync(
             start_daemon, daemon_env, tmp_path / "daemon-1.log"
         )

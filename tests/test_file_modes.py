@@ -12,7 +12,6 @@ from typing import Any
 
 from harness import Config, open_harness
 from harness.cli import _exit_code_for
-from harness.permissions.ruleset import allow_all
 from harness.providers.cassette import CassetteWriter
 from harness.providers.scripted import ScriptedProvider
 
@@ -74,7 +73,7 @@ async def test_an_existing_loose_home_is_tightened(tmp_path: Path, project: Path
         model="scripted:x",
         provider_factory=lambda model: provider,
         interactive=False,
-        rules=allow_all(),
+        yes=True,
     )
     async with open_harness(config) as h:
         session = await h.create_session(project)

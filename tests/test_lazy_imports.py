@@ -99,3 +99,17 @@ def test_a_real_provider_loads_httpx_and_only_mistral_loads_the_sdk(
     loaded = _imports(tmp_path, *run)
     assert "httpx" in loaded and f"harness.providers.{provider}" in loaded
     assert ("mistralai" in loaded) is loads_sdk
+
+
+def test_the_bash_parser_is_imported_only_when_a_command_is_checked(
+    tmp_path: Path, project: Path
+) -> None:
+    parser = ("tree_sitter", "tree_sitter_bash")
+    assert _imports(tmp_path, "--help", watched=parser) == []
+    run = ["run", "--embedded", "--model", _script(tmp_path), "--dir", str(project), "hi"]
+    assert _imports(tmp_path, *run, watched=parser) == []  # a read only: no bash to check
+    bash = tmp_path / "bash.json"
+    call = {"name": "bash", "arguments": {"command": "ls"}}
+    bash.write_text(json.dumps([{"tool_calls": [call]}, {"text": "ok"}]))
+    run = ["run", "--embedded", "--yes", "--model", f"scripted:{bash}", "--dir", str(project), "hi"]
+    assert _imports(tmp_path, *run, watched=parser) == list(parser)

@@ -518,7 +518,9 @@ async def test_permission_ask_once_pauses_then_runs_exactly_once(
 ) -> None:
     log_file = project / "log.txt"
     turns = [{"tool_calls": [bash("echo ran >> log.txt", "callAsk1")]}, {"text": "appended"}]
-    async with open_loop(tmp_path, project, turns, interactive=True) as lp:
+    # The redirection is a write (issue 11): edit is allowed so that the one ask is bash's.
+    edits = [Rule(permission="edit", pattern="*", action="allow")]
+    async with open_loop(tmp_path, project, turns, interactive=True, rules=edits) as lp:
         asked: list[Event] = []
 
         async def on_event(event: Event) -> None:
@@ -588,7 +590,9 @@ async def test_permission_always_is_remembered(tmp_path: Path, project: Path) ->
         {"tool_calls": [bash("echo two >> log.txt")]},
         {"text": "second done"},
     ]
-    async with open_loop(tmp_path, project, turns, interactive=True) as lp:
+    # The redirection is a write (issue 11): edit is allowed so that the one ask is bash's.
+    edits = [Rule(permission="edit", pattern="*", action="allow")]
+    async with open_loop(tmp_path, project, turns, interactive=True, rules=edits) as lp:
         asked: list[Event] = []
         replies: list[tuple[Reply, str | None]] = [("always", None)]
         first = await lp.drive("append one", replier(lp.h, replies, asked))
@@ -599,7 +603,7 @@ async def test_permission_always_is_remembered(tmp_path: Path, project: Path) ->
         assert log_file.read_text() == "one\ntwo\n"
         approval = Rule(permission="bash", pattern="echo *", action="allow")
         assert lp.h.ledger.approvals(str(project)) == [approval]
-        decided = lp.events("permission.decided")
+        decided = [d for d in lp.events("permission.decided") if d.data["permission"] == "bash"]
         assert [d.data["source"] for d in decided] == ["reply", "approved"]
 
 

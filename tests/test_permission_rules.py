@@ -6,16 +6,18 @@ import pytest
 
 from harness.agents import AGENTS, UnknownAgentError, get_agent
 from harness.messages.model import Rule
+from harness.permissions.bash import bash_needs
 from harness.permissions.ruleset import (
     DEFAULT_RULES,
-    allow_all,
+    decide,
+    decide_need,
     disabled_tools,
     evaluate,
     merge,
     parse_rule_flag,
     permission_for_tool,
 )
-from harness.permissions.wildcard import match
+from harness.permissions.wildcard import could_match, match
 
 
 def rule(permission: str, pattern: str, action: str) -> Rule:
@@ -130,13 +132,6 @@ def test_parse_rule_flag_rejects_bad_input(text: str) -> None:
         parse_rule_flag(text, "allow")
 
 
-def test_allow_all_keeps_later_denies() -> None:
-    rules = merge(DEFAULT_RULES, allow_all(), [parse_rule_flag("bash:rm *", "deny")])
-    assert evaluate("bash", "ls", rules)[0] == "allow"
-    assert evaluate("edit", "a.py", rules)[0] == "allow"
-    assert evaluate("bash", "rm -rf x", rules)[0] == "deny"
-
-
 # --- disabled tools ------------------------------------------------------------------------
 
 
@@ -187,3 +182,49 @@ def test_unknown_agent() -> None:
     assert isinstance(info.value, KeyError)
     assert isinstance(info.value, ValueError)
     assert str(info.value) == "unknown agent 'nope'; available: build, general, plan"
+
+
+# --- subjects the text cannot pin down (issue 11) ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pattern", "covers", "expected"),
+    [
+        ("rm *", "rm*", True),
+        ("rm *", "*", True),
+        ("rm *", "ls*", False),
+        ("rm", "rm* x", False),  # `rm $F x` always has the x
+        ("git push *", "git*", True),
+        ("git push *", "git status*", False),
+        ("git push *", "git* --force", True),
+        ("?s", "l*", True),
+        ("a*b", "*c", False),
+        ("", "*", True),
+    ],
+)
+def test_could_match(pattern: str, covers: str, expected: bool) -> None:
+    assert could_match(pattern, covers) is expected
+
+
+def test_an_opaque_subject_meets_every_deny_and_no_allow_but_star() -> None:
+    rules = merge(DEFAULT_RULES, [rule("bash", "ls *", "allow"), rule("bash", "rm *", "deny")])
+    assert evaluate("bash", "$X v", rules, opaque=True)[0] == "deny"
+    rules = merge(DEFAULT_RULES, [rule("bash", "ls *", "allow"), rule("bash", "$X *", "allow")])
+    assert evaluate("bash", "$X v", rules, opaque=True)[0] == "ask"
+    rules = merge(DEFAULT_RULES, [rule("bash", "*", "allow")])  # `--allow bash`: anything
+    assert evaluate("bash", "$X v", rules, opaque=True)[0] == "allow"
+
+
+def test_covers_lets_deny_rules_see_through_paths_and_holes() -> None:
+    rules = merge(DEFAULT_RULES, [rule("bash", "*", "allow"), rule("bash", "rm *", "deny")])
+    for line in ["/bin/rm v", "rm $F", "FOO=1 rm v", "git status; rm v"]:
+        actions = [decide_need(n, [rules])[0] for n in bash_needs(line)]
+        assert "deny" in actions, line
+    # Only deny (and ask) rules widen: an allow rule needs the text itself.
+    rules = merge(DEFAULT_RULES, [rule("bash", "rm *", "allow")])
+    assert [decide_need(n, [rules])[0] for n in bash_needs("/bin/rm v")] == ["ask"]
+
+
+def test_approvals_never_allow_an_opaque_subject() -> None:
+    approvals = [rule("bash", "$X v", "allow")]
+    assert decide("bash", "$X v", [DEFAULT_RULES], approvals, opaque=True)[0] == "ask"

@@ -16,7 +16,6 @@ from wire_server import Reply, chunk, wire_server
 
 from harness import Config, open_harness, secrets
 from harness.logs import configure_logging
-from harness.permissions.ruleset import allow_all
 from harness.providers.scripted import ScriptedProvider
 
 KEY = "mk-4f9a2c7e1b3d5a6c8e0f2a4b6c8d0e1f"  # no credential shape: found only as a value
@@ -216,7 +215,7 @@ async def test_the_ledger_and_its_wal_hold_no_key_while_open(
         model="scripted:x",
         provider_factory=lambda model: provider,
         interactive=False,
-        rules=allow_all(),
+        yes=True,
         show_request=True,
     )
     async with open_harness(config) as h:

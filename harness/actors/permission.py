@@ -4,8 +4,10 @@ Evaluates a need against the session's merged ruleset and its ancestors' (the st
 answer wins; a stored "always" approval turns an ask into allow, never a deny). An
 ``ask`` becomes a pending request that waits for a reply through ``ReplyPermission``
 (terminal prompt, API), or is rejected at once when nobody can be asked
-(``interactive=False``: a script, CI). Every decision is recorded in the ledger with the
-rule that matched.
+(``interactive=False``: a script, CI). With ``yes`` (``--yes``) an ask is answered "allow"
+at once: it answers asks only, so a deny from any layer (defaults, agent, config, session,
+a parent session) still stands. Every decision is recorded in the ledger with the rule that
+matched.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from harness.messages.mailbox import (
 )
 from harness.messages.model import Rule
 from harness.messages.permission import PermissionDecision, PermissionRequest
-from harness.permissions.ruleset import decide
+from harness.permissions.ruleset import decide_need
 from harness.storage.ledger import Ledger
 
 log = structlog.get_logger("harness.permission")
@@ -45,14 +47,15 @@ def no_terminal_hint(permission: str, always: str) -> str:
     """The message shown when an ask cannot be asked: it names the flag that allows it."""
     return (
         f"permission '{permission}' for '{always}' needs approval and there is no terminal "
-        f"to ask: rerun with --allow '{permission}:{always}' (or --yes to allow everything)"
+        f"to ask: rerun with --allow '{permission}:{always}' (or --yes to allow what asks)"
     )
 
 
 class Permission:
-    def __init__(self, ledger: Ledger, *, interactive: bool) -> None:
+    def __init__(self, ledger: Ledger, *, interactive: bool, yes: bool = False) -> None:
         self._ledger = ledger
         self._interactive = interactive
+        self._yes = yes
         self.mailbox, self._receive = trio.open_memory_channel[PermissionMessage](math.inf)
         self._pending: dict[str, _Pending] = {}
         self._approvals: dict[str, list[Rule]] = {}
@@ -93,7 +96,10 @@ class Permission:
     def _ask(self, ask: AskPermission) -> None:
         need = ask.need
         approvals = self._project_approvals(ask.project)
-        action, rule, approved = decide(need.permission, need.pattern, ask.layers, approvals)
+        action, rule, approved = decide_need(need, ask.layers, approvals)
+        if action == "ask" and self._yes:
+            self._decide(ask, PermissionDecision(True, "yes"))
+            return
         if action != "ask":
             self._decide(
                 ask,
@@ -186,7 +192,7 @@ class Permission:
         for other in self._of_session(session_id):
             approvals = self._project_approvals(other.ask.project)
             need = other.ask.need
-            action, rule, _ = decide(need.permission, need.pattern, other.ask.layers, approvals)
+            action, rule, _ = decide_need(need, other.ask.layers, approvals)
             if action == "allow":
                 self._pending.pop(other.request.id)
                 self._decide(

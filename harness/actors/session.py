@@ -580,6 +580,7 @@ class SessionActor:
             subtasks=ChildSessions(services, session, self._lineage, self._children, self._budget),
             todos=SessionTodos(session.id, self._ledger),
             questions=SessionQuestions(session.id, services.questions),
+            yes=config.yes,
         )
         runner = Runner(
             session=session,

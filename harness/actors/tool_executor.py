@@ -124,8 +124,10 @@ class ToolExecutor:
         subtasks: Subtasks | None = None,
         todos: Todos | None = None,
         questions: Questions | None = None,
+        yes: bool = False,
     ) -> None:
         self._session_id = session_id
+        self._yes = yes  # --yes: what would ask is allowed, in the tools' own checks too
         self._directory = directory
         self._project = project
         self._tools = tools
@@ -314,7 +316,7 @@ class ToolExecutor:
         # Stored "always" approvals live in the Permission actor and are not consulted: a
         # tool's own check errs towards skipping what an approval would have allowed.
         action, _, _ = decide(permission, pattern, self._layers)
-        return action
+        return "allow" if action == "ask" and self._yes else action
 
     async def _ask(
         self, message_id: str, call: PlannedCall, need: PermissionNeed

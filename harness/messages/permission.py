@@ -18,12 +18,21 @@ class PermissionNeed:
 
     ``pattern`` is what rules are matched against (a path, a command); ``always`` is the
     pattern stored when the user answers "always" (a directory glob, a command prefix).
+
+    Where the text alone cannot say what will happen (a shell command), two more fields
+    tell the rule engine (harness/permissions/ruleset.py): ``opaque`` means the subject
+    could be anything (``$X args``, a line the parser did not understand), so no allow rule
+    matches it except ``*`` and every deny rule does; ``covers`` is a wildcard pattern that
+    every possible value matches (``rm*`` for ``/bin/rm $F``), and a deny rule that could
+    match one of those values applies.
     """
 
     permission: str
     pattern: str
     always: str
     metadata: dict[str, Any] = field(default_factory=dict)
+    opaque: bool = False
+    covers: str | None = None
 
 
 class PermissionRequest(BaseModel):
@@ -48,12 +57,13 @@ class PermissionDecision:
     """The gate's answer to one need.
 
     ``source`` says who decided: a configured ``rule``, a stored ``always`` approval, the
-    user's ``reply``, or ``no-terminal`` when nobody could be asked. ``message`` is the
+    user's ``reply``, ``yes`` when ``--yes`` answered an ask, or ``no-terminal`` when nobody
+    could be asked. ``message`` is the
     user's feedback on a rejection; a rejection with feedback lets the loop continue.
     """
 
     allowed: bool
-    source: Literal["rule", "approved", "reply", "no-terminal", "cancelled"]
+    source: Literal["rule", "approved", "reply", "yes", "no-terminal", "cancelled"]
     rule: Rule | None = None
     reply: Reply | None = None
     message: str | None = None

@@ -1,12 +1,14 @@
 """Shell commands as permission requests (DESIGN §8: a command is checked per sub-command).
 
-``split_commands`` finds the simple commands of a shell line, including those hidden in
-``$( … )``, backticks, ``( … )`` subshells and ``<( … )`` process substitutions, because
-each of them runs. ``command_prefix`` (OpenCode's BashArity) names the command so that
-"always allow" on ``git checkout main`` stores ``git checkout *``.
-
-This is a scanner, not a shell parser: on input it does not understand it errs towards
-more, smaller commands (more questions), never towards hiding one. It never raises.
+``bash_needs`` turns a shell line into one ``bash`` need per command it can run, read by a
+real parser (harness/permissions/shell.py): sub-commands, command substitutions wherever
+they sit, the commands inside wrappers (``sudo``, ``xargs``, ``sh -c``, ``eval``,
+``find -exec``). Each need's pattern is the normalized command (quotes and escapes removed,
+assignments stripped); deny rules are also tried against the command word's basename with
+every unknown part a wildcard (``covers``). A command whose name is not a literal, and a
+line the parser does not fully understand, are ``opaque``: no allow rule but ``*`` matches
+them, and every deny rule does. ``command_prefix`` (OpenCode's BashArity) names the command
+so that "always allow" on ``git checkout main`` stores ``git checkout *``.
 """
 
 from __future__ import annotations
@@ -15,206 +17,17 @@ import os
 import re
 import shlex
 
-from harness.tools.base import PermissionNeed
+from harness.messages.permission import PermissionNeed
+from harness.permissions.shell import analyze
 
-# Words that start or end a compound command; the command they introduce is what runs.
+# Words that start or end a compound command; what prefixes are computed from is a
+# normalized command, but a bare keyword can still reach command_prefix from a caller.
 _LEADING_KEYWORDS = frozenset({"if", "then", "else", "elif", "do", "while", "until", "!", "{"})
 _CLOSING_KEYWORDS = frozenset({"fi", "done", "esac", "}"})
-_MAX_DEPTH = 64
 _ENV_ASSIGNMENT = re.compile(
     r"""[A-Za-z_][A-Za-z0-9_]*=(?:'[^']*'|"(?:[^"\\]|\\.)*"|\\.|[^\s'"\\])*(?:\s+|$)""",
     re.DOTALL,
 )
-
-
-class _Scanner:
-    def __init__(self, text: str, pos: int = 0) -> None:
-        self.text = text
-        self.pos = pos
-        self.depth = 0
-
-    def _nested(self, closer: str) -> list[str]:
-        if self.depth >= _MAX_DEPTH:
-            # Past any sane nesting, hand back the rest whole rather than recurse without
-            # bound: an unfamiliar command that asks, never a RecursionError or a bypass.
-            rest = self.text[self.pos :].strip()
-            self.pos = len(self.text)
-            return [rest] if rest else []
-        self.depth += 1
-        try:
-            return self.commands(closer)
-        finally:
-            self.depth -= 1
-
-    def commands(self, closer: str | None = None) -> list[str]:
-        """Scan commands up to ``closer`` (consumed) or the end of the text."""
-        text = self.text
-        found: list[str] = []
-        buf: list[str] = []  # source text of the current command
-        inner: list[str] = []  # commands nested inside the current one
-        group = False  # the current command is a ( … ) subshell: only its contents run
-        heredocs: list[tuple[str, bool]] = []  # pending (delimiter, body is expanded)
-
-        def flush() -> None:
-            nonlocal group
-            command = _clean("".join(buf))
-            if command and not group:
-                found.append(command)
-            found.extend(inner)
-            buf.clear()
-            inner.clear()
-            group = False
-
-        while self.pos < len(text):
-            start = self.pos
-            c = text[start]
-            nxt = text[start + 1 : start + 2]
-            prev = text[start - 1] if start else ""
-            if closer is not None and c == closer:
-                self.pos += 1
-                break
-            if c == "\\":
-                self.pos += 2
-            elif c == "'":
-                end = text.find("'", start + 1)
-                self.pos = len(text) if end < 0 else end + 1
-            elif c == '"':
-                self._double_quoted(inner)
-            elif c == "`":
-                self.pos += 1
-                inner.extend(self._nested("`"))
-            elif c == "$" and text.startswith("$((", start):
-                self._arithmetic()
-            elif c == "$" and nxt == "(":
-                self.pos += 2
-                inner.extend(self._nested(")"))
-            elif c == "(" and prev in ("<", ">"):
-                self.pos += 1
-                inner.extend(self._nested(")"))
-            elif c == "(" and not _clean("".join(buf)):
-                group = True
-                self.pos += 1
-                inner.extend(self._nested(")"))
-            elif c == "#" and (not buf or buf[-1][-1:].isspace()):
-                end = text.find("\n", start)
-                self.pos = len(text) if end < 0 else end
-                continue  # a comment is not part of the command
-            elif c == "<" and text.startswith("<<<", start):
-                self.pos += 3
-            elif c == "<" and nxt == "<":
-                heredoc = self._heredoc_delimiter()
-                if heredoc is not None:
-                    heredocs.append(heredoc)
-            elif c == "\n":
-                self.pos += 1
-                if heredocs:
-                    buf.append("\n")  # the bodies belong to the command that reads them
-                for delimiter, expanded in heredocs:
-                    body = self._heredoc_body(delimiter)
-                    buf.append(body)
-                    if expanded:
-                        inner.extend(_substitutions(body))
-                heredocs.clear()
-                flush()
-                continue
-            elif c in ";&|":
-                if (c == "&" and (prev in ("<", ">") or nxt == ">")) or (c == "|" and prev == ">"):
-                    self.pos += 1  # part of a redirection: 2>&1, &>out, >|out
-                else:
-                    self.pos += 2 if (c + nxt) in ("&&", "||", "|&") else 1
-                    flush()
-                    continue
-            else:
-                self.pos += 1
-            buf.append(text[start : self.pos])
-        flush()
-        return found
-
-    def _double_quoted(self, inner: list[str]) -> None:
-        text = self.text
-        self.pos += 1
-        while self.pos < len(text):
-            c = text[self.pos]
-            if c == "\\":
-                self.pos += 2
-            elif c == '"':
-                self.pos += 1
-                return
-            elif c == "`":
-                self.pos += 1
-                inner.extend(self._nested("`"))
-            elif text.startswith("$((", self.pos):
-                self._arithmetic()
-            elif text.startswith("$(", self.pos):
-                self.pos += 2
-                inner.extend(self._nested(")"))
-            else:
-                self.pos += 1
-
-    def _arithmetic(self) -> None:
-        # $(( … )) is arithmetic, not a command: skip to its balancing parenthesis.
-        depth = 0
-        text = self.text
-        self.pos += 1
-        while self.pos < len(text):
-            c = text[self.pos]
-            self.pos += 1
-            if c == "(":
-                depth += 1
-            elif c == ")":
-                depth -= 1
-                if depth == 0:
-                    return
-
-    def _heredoc_delimiter(self) -> tuple[str, bool] | None:
-        text = self.text
-        self.pos += 2
-        if text.startswith("-", self.pos):
-            self.pos += 1
-        while text[self.pos : self.pos + 1] in (" ", "\t"):
-            self.pos += 1
-        start = self.pos
-        while self.pos < len(text) and not text[self.pos].isspace():
-            if text[self.pos] in ";&|<>()":
-                break
-            self.pos += 1
-        word = text[start : self.pos]
-        if not word:
-            return None
-        quoted = any(q in word for q in "'\"\\")
-        return word.replace("'", "").replace('"', "").replace("\\", ""), not quoted
-
-    def _heredoc_body(self, delimiter: str) -> str:
-        text = self.text
-        start = self.pos
-        while self.pos < len(text):
-            end = text.find("\n", self.pos)
-            line_end = len(text) if end < 0 else end
-            line = text[self.pos : line_end]
-            self.pos = line_end if end < 0 else end + 1
-            if line.strip() == delimiter:
-                break
-        return text[start : self.pos]
-
-
-def _substitutions(body: str) -> list[str]:
-    """Commands substituted into an unquoted heredoc body, which the shell expands."""
-    found: list[str] = []
-    scanner = _Scanner(body)
-    while scanner.pos < len(body):
-        if body.startswith("\\", scanner.pos):
-            scanner.pos += 2
-        elif body.startswith("$((", scanner.pos):
-            scanner._arithmetic()
-        elif body.startswith("$(", scanner.pos):
-            scanner.pos += 2
-            found.extend(scanner._nested(")"))
-        elif body.startswith("`", scanner.pos):
-            scanner.pos += 1
-            found.extend(scanner._nested("`"))
-        else:
-            scanner.pos += 1
-    return found
 
 
 def _clean(command: str) -> str:
@@ -229,8 +42,8 @@ def _clean(command: str) -> str:
 
 
 def split_commands(command: str) -> list[str]:
-    """The simple commands of a shell line, each command before those nested inside it."""
-    return _Scanner(command).commands()
+    """The normalized commands a shell line runs, each before those nested inside it."""
+    return list(dict.fromkeys(c.text for c in analyze(command).commands))
 
 
 # --- arity ------------------------------------------------------------------------------
@@ -341,17 +154,37 @@ def command_prefix(command: str) -> str:
 
 
 def bash_needs(command: str) -> list[PermissionNeed]:
-    """One ``bash`` permission need per distinct sub-command of ``command``."""
+    """One ``bash`` need per distinct command ``command`` can run (see the module doc)."""
+    analysis = analyze(command)
     needs: list[PermissionNeed] = []
-    seen: set[str] = set()
-    for sub in split_commands(command):
-        if sub in seen:
-            continue
-        seen.add(sub)
-        prefix = command_prefix(sub) or sub
+    if analysis.unparseable:
+        # Whatever was extracted is still checked below, so deny rules see it; this need
+        # keeps an allow rule from passing a line only partly understood.
         needs.append(
             PermissionNeed(
-                permission="bash", pattern=sub, always=f"{prefix} *", metadata={"command": sub}
+                "bash", command, command, {"command": command, "unparseable": True}, opaque=True
+            )
+        )
+    seen: set[tuple[str, bool]] = set()
+    for sub in analysis.commands:
+        text = sub.text
+        if (text, sub.opaque) in seen:
+            continue
+        seen.add((text, sub.opaque))
+        if sub.opaque:
+            metadata = {"command": sub.source or text, "opaque": True}
+            needs.append(PermissionNeed("bash", text, text, metadata, opaque=True))
+            continue
+        bare = sub.text.removeprefix(" ".join(sub.assignments)).lstrip()
+        prefix = " ".join([*sub.assignments, command_prefix(bare) or bare])
+        covers = sub.covers
+        needs.append(
+            PermissionNeed(
+                "bash",
+                text,
+                f"{prefix} *",
+                {"command": text},
+                covers=covers if covers != text else None,
             )
         )
     return needs

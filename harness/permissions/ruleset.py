@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from harness.messages.model import PermissionAction, Rule
-from harness.permissions.wildcard import match
+from harness.messages.permission import PermissionNeed
+from harness.permissions.wildcard import could_match, match
 
 # The tools that change files all answer to one permission, so one rule covers them.
 _EDIT_TOOLS = frozenset({"write", "edit", "apply_patch"})
@@ -50,12 +51,37 @@ DEFAULT_RULES: tuple[Rule, ...] = (
 )
 
 
+def _applies(rule: Rule, pattern: str, opaque: bool, covers: str | None) -> bool:
+    """Whether ``rule`` speaks for a subject (its permission already matches).
+
+    An opaque subject could be anything: only a ``*`` allow rule covers it, and every deny
+    or ask rule might be about it. A subject with ``covers`` meets every deny or ask rule
+    that could match one of its possible values. Only allows need the text itself.
+    """
+    if rule.action == "allow":
+        return rule.pattern == "*" if opaque else match(rule.pattern, pattern)
+    if opaque:
+        return True
+    if match(rule.pattern, pattern):
+        return True
+    return covers is not None and could_match(rule.pattern, covers)
+
+
 def evaluate(
-    permission: str, pattern: str, rules: Sequence[Rule]
+    permission: str,
+    pattern: str,
+    rules: Sequence[Rule],
+    *,
+    opaque: bool = False,
+    covers: str | None = None,
 ) -> tuple[PermissionAction, Rule | None]:
-    """The action of the last rule matching ``permission`` and ``pattern``; "ask" if none."""
+    """The action of the last rule for ``permission`` that applies; "ask" if none.
+
+    ``opaque`` and ``covers`` describe a subject the text cannot pin down (see
+    ``PermissionNeed``): then a rule applies if it could be about the subject.
+    """
     for rule in reversed(rules):
-        if match(rule.permission, permission) and match(rule.pattern, pattern):
+        if match(rule.permission, permission) and _applies(rule, pattern, opaque, covers):
             return rule.action, rule
     return "ask", None
 
@@ -68,6 +94,9 @@ def decide(
     pattern: str,
     layers: Sequence[Sequence[Rule]],
     approvals: Sequence[Rule] = (),
+    *,
+    opaque: bool = False,
+    covers: str | None = None,
 ) -> tuple[PermissionAction, Rule | None, bool]:
     """The strictest answer of every layer: ``(action, rule, approved)``.
 
@@ -75,19 +104,36 @@ def decide(
     ancestors' rulesets as further layers, so a child is never allowed what a parent is
     denied (the parent is a ceiling). Stored "always" approvals can turn an ``ask`` into
     ``allow``, but never override a ``deny``: an approval given in one place must not
-    defeat a rule that forbids the same thing elsewhere.
+    defeat a rule that forbids the same thing elsewhere. ``opaque`` and ``covers`` are
+    those of ``evaluate``.
     """
     strictest: tuple[PermissionAction, Rule | None, bool] | None = None
     for rules in layers:
-        action, rule = evaluate(permission, pattern, rules)
+        action, rule = evaluate(permission, pattern, rules, opaque=opaque, covers=covers)
         approved = False
         if action == "ask":
-            granted, approval = evaluate(permission, pattern, approvals)
+            granted, approval = evaluate(
+                permission, pattern, approvals, opaque=opaque, covers=covers
+            )
             if approval is not None and granted == "allow":
                 action, rule, approved = "allow", approval, True
         if strictest is None or _STRICTNESS[action] > _STRICTNESS[strictest[0]]:
             strictest = (action, rule, approved)
     return strictest or ("ask", None, False)
+
+
+def decide_need(
+    need: PermissionNeed, layers: Sequence[Sequence[Rule]], approvals: Sequence[Rule] = ()
+) -> tuple[PermissionAction, Rule | None, bool]:
+    """``decide`` for one need, its ``opaque`` and ``covers`` included."""
+    return decide(
+        need.permission,
+        need.pattern,
+        layers,
+        approvals,
+        opaque=need.opaque,
+        covers=need.covers,
+    )
 
 
 def merge(*rulesets: Sequence[Rule]) -> list[Rule]:
@@ -118,11 +164,6 @@ def parse_rule_flag(text: str, action: PermissionAction) -> Rule:
         raise ValueError(f"rule {text!r} has an empty pattern after ':'; omit the ':' for all")
     # `--deny write` should mean what the user thinks: write is checked as `edit`.
     return _rule(permission_for_tool(permission), action, pattern)
-
-
-def allow_all() -> list[Rule]:
-    """The ruleset for ``--yes``: allow everything; denies appended after it still win."""
-    return [_rule("*", "allow")]
 
 
 def disabled_tools(tool_names: Iterable[str], rules: Sequence[Rule]) -> set[str]:

@@ -18,6 +18,7 @@ import trio
 from pydantic import Field, field_validator
 
 from harness.permissions.bash import bash_needs
+from harness.permissions.shell import Word, analyze
 from harness.private import open_private, private_dir
 from harness.tools.base import (
     PermissionNeed,
@@ -27,6 +28,7 @@ from harness.tools.base import (
     ToolOutput,
     ToolParams,
 )
+from harness.tools.paths import path_needs, resolve_path
 from harness.tools.process import kill_process_group
 from harness.tools.truncate import MAX_BYTES, MAX_LINES
 
@@ -190,13 +192,42 @@ async def _pump(stream: trio.abc.ReceiveStream, output: _OutputBuffer, done: tri
         done.set()
 
 
+def _write_needs(command: str, ctx: ToolContext) -> list[PermissionNeed]:
+    """A redirection target or ``tee`` file is a write: the needs the write tool would have
+    for it (``edit``, and ``external_directory`` outside the session directory)."""
+    analysis = analyze(command)
+    needs: list[PermissionNeed] = []
+    targets = list(analysis.writes)
+    if analysis.unparseable or any(c.opaque for c in analysis.commands):
+        # A line not understood (`1<> f` is not in the grammar) or a command that could be
+        # anything (`$X ../f` with X=tee) may write anywhere: a target nobody knows.
+        targets.append(Word(None, command, "*"))
+    for target in targets:
+        raw = target.value
+        # The path is judged now, as it resolves now. After a `cd`, `ln` or `mv` in the
+        # same line it may resolve elsewhere when opened; and a parent directory that does
+        # not exist yet is made by the line itself, maybe as a symlink.
+        path = resolve_path(raw, ctx) if raw is not None else None
+        if path is not None and not analysis.paths_may_move and path.parent.is_dir():
+            needs += path_needs("edit", path, ctx)
+            continue
+        # Nobody knows where `> $F` writes: it could be outside, and it could be anything.
+        where, metadata = target.source, {"path": target.source, "unknown": True}
+        needs += [
+            PermissionNeed("external_directory", where, where, metadata, opaque=True),
+            PermissionNeed("edit", where, where, metadata, opaque=True),
+        ]
+    unique = {(n.permission, n.pattern, n.opaque): n for n in reversed(needs)}
+    return list(reversed(unique.values()))
+
+
 class BashTool(Tool[BashParams]):
     name = "bash"
     description = DESCRIPTION
     params = BashParams
 
     def permissions(self, args: BashParams, ctx: ToolContext) -> list[PermissionNeed]:
-        return bash_needs(args.command)
+        return [*bash_needs(args.command), *_write_needs(args.command, ctx)]
 
     def title(self, args: BashParams) -> str:
         if args.description and args.description.strip():
