@@ -181,6 +181,15 @@ RM_VARIANTS = [
         "mapfile -C 'rm victim.txt' -c 1 a <<< x",
         "find /bin /usr/bin -name rm -exec {} victim.txt \\;",
         "find /bin -name rm -exec env {} victim.txt \\;",
+        # Wrappers found in review after the battery was first written.
+        "numactl -a rm victim.txt",
+        "ltrace -o /dev/null rm victim.txt",
+        "fakeroot rm victim.txt",
+        "catchsegv rm victim.txt",
+        "valgrind -q rm victim.txt",
+        "faketime '2020-01-01' rm victim.txt",
+        "echo 'rm victim.txt' | at now",
+        "batch <<< 'rm victim.txt'",
     ]
 ]
 
@@ -201,6 +210,10 @@ _PLACEMENTS = [
     "{cmd} ${{x:-$(rm victim.txt)}}",
     '{cmd} "${{x:-$(rm victim.txt)}}"',
     "{cmd} ${{x/$(rm victim.txt)/y}}",
+    # The grammar leaves a backtick inside ${…} a plain word; bash still runs it.
+    "{cmd} ${{x-`rm victim.txt`}}",
+    '{cmd} "${{x:-`rm victim.txt`}}"',
+    "{cmd} ${{x:=`rm victim.txt`}}",
     "{cmd} <(rm victim.txt)",
     "{cmd} >(rm victim.txt)",
     "{cmd} <<< $(rm victim.txt)",

@@ -213,8 +213,8 @@ def _latent(node: Node, found: _Found, depth: int) -> None:
         text = _ansi_c(text[2:-1])
     if "$(" not in text and "`" not in text:
         return
-    if node.type == "word" and "\\" not in text:
-        return  # an unquoted `$(` in a word is a real substitution the parser has seen
+    # No early way out for a plain word: the parser leaves `${x-`cmd`}` a leaf word whose
+    # backticks bash still runs, so a leaf holding `$(` or a backtick is never trusted.
     quoted = text.replace("\\", "\\\\").replace('"', '\\"')
     inner = _Found()
     _analyze_into(f': "{quoted}"', inner, depth + 1)
@@ -577,7 +577,26 @@ _WRAPPERS: dict[str, tuple[frozenset[str], int, bool]] = {
     "strace": (
         _opts("-o", "-e", "-p", "-s", "-u", "-E", "-a", "-b", "-I", "-O", "-S", "-P"), 0, False
     ),
+    "ltrace": (_opts("-o", "-e", "-p", "-s", "-u", "-n", "-a", "-A", "-D", "-F", "-l"), 0, False),
+    "numactl": (
+        _opts("-i", "-m", "-N", "-C", "-p", "--interleave", "--membind",
+              "--cpunodebind", "--physcpubind", "--preferred"),
+        0,
+        False,
+    ),
+    "fakeroot": (_opts("-s", "-i", "-l", "--lib", "--faked"), 0, False),
+    "catchsegv": (_opts(), 0, False),
+    "valgrind": (_opts(), 0, False),
+    "xvfb-run": (_opts("-n", "--server-num", "-s", "--server-args", "-e", "--error-file",
+                       "-f", "--auth-file", "-p", "--xauth-protocol"), 0, False),
+    "faketime": (_opts("-m", "-f"), 1, False),
+    "proxychains": (_opts("-f", "-q"), 0, False),
+    "proxychains4": (_opts("-f", "-q"), 0, False),
+    "torsocks": (_opts("-u", "-p", "-a", "-P"), 0, False),
+    "nocache": (_opts(), 0, False),
 }  # fmt: skip
+# These run commands read from stdin or a file nobody can see from the line.
+_RUN_HIDDEN_CODE = frozenset({"at", "batch"})
 _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "ash", "mksh", "yash", "fish"})
 _SHELL_VALUE_OPTIONS = frozenset({"-o", "+o", "-O", "+O", "--rcfile", "--init-file"})
 _FIND_EXEC = frozenset({"-exec", "-execdir", "-ok", "-okdir"})
@@ -642,6 +661,8 @@ def _inner(command: Command, found: _Found, depth: int) -> list[tuple[Word, ...]
         return [inner]
     if name in _SHELLS:
         return _shell(words, found, depth)
+    if name in _RUN_HIDDEN_CODE:
+        return [(_HOLE,)]
     if name == "alias":
         # `alias x='rm v'` then `x` on a later line runs rm (with expand_aliases).
         for word in words[1:]:
