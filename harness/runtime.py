@@ -66,6 +66,10 @@ class HarnessError(ValueError):
     """A request the harness refuses (unknown session, bad directory); says why."""
 
 
+class PromptConflict(HarnessError):
+    """A message id already used in another session, or with another text."""
+
+
 class Harness:
     """A handle on a running actor tree. Create it with ``open_harness``."""
 
@@ -97,9 +101,14 @@ class Harness:
         title: str = "",
         permission: Sequence[Rule] = (),
         parent_id: str | None = None,
+        base_url: str | None = None,
     ) -> Session:
         path = Path(directory).expanduser()
-        if not path.is_dir():
+        try:
+            is_dir = path.is_dir()
+        except (OSError, ValueError) as error:  # ENAMETOOLONG, a NUL byte, ELOOP...
+            raise HarnessError(f"unusable directory {str(path)[:200]!r}: {error}") from None
+        if not is_dir:
             raise HarnessError(f"directory does not exist: {path}")
         agent_name = agent or self.config.agent
         get_agent(agent_name)  # raises UnknownAgentError with the list of agents
@@ -116,6 +125,7 @@ class Harness:
             directory=str(path.resolve()),
             agent=agent_name,
             model=model_name,
+            base_url=base_url,
             permission=list(permission),
             created=now,
             updated=now,
@@ -128,6 +138,38 @@ class Harness:
         )
         log.info("session created", session_id=session.id, model=model_name)
         return session
+
+    async def update_session(
+        self,
+        session_id: str,
+        *,
+        title: str | None = None,
+        add_rules: Sequence[Rule] = (),
+        base_url: str | None = None,
+    ) -> Session:
+        """Change settings a later turn uses: the title, more rules, the provider's server.
+
+        Added rules go after the session's own, so they win (the last matching rule
+        does). Refused with ``snapshots.SessionBusy`` while a turn runs or input waits:
+        the running turn's session actor owns the row until it is idle again.
+        """
+        session = self.session(session_id)
+        busy = session.status in ("busy", "retry")
+        if busy or self.ledger.inbox(session_id) or self.ledger.claimed_turns(session_id):
+            raise snapshots.SessionBusy(f"session {session_id} is busy: try again once idle")
+        changes: dict[str, object] = {"updated": time.time()}
+        if title is not None:
+            changes["title"] = title
+        if add_rules:
+            changes["permission"] = [*session.permission, *add_rules]
+        if base_url is not None:
+            changes["base_url"] = base_url
+        updated = session.model_copy(update=changes)
+        await self.ledger.write(
+            [NewEvent("session.updated", session_id, updated.model_dump(mode="json"))]
+        )
+        log.info("session updated", session_id=session_id, fields=sorted(changes))
+        return updated
 
     def session(self, session_id: str) -> Session:
         session = self.ledger.session(session_id)
@@ -201,22 +243,40 @@ class Harness:
         *,
         delivery: Delivery = "queue",
         message_id: str | None = None,
+        max_steps: int | None = None,
     ) -> str:
         """Make the input durable and wake the session; returns the message id.
 
         Answers once the input is committed, before any model call. A ``message_id``
-        that is already known is not added again (the call is idempotent).
+        already prompted in this session with this text is not added again (the call is
+        idempotent); the same id in another session or with another text is a
+        ``PromptConflict``, never a prompt silently dropped. ``max_steps`` limits this
+        turn only.
         """
         self.session(session_id)
         if not text.strip():
             raise HarnessError("the prompt is empty")
-        if message_id is not None and self.ledger.known_message(message_id):
-            return message_id
+        if message_id is not None:
+            origin = self.ledger.prompt_origin(message_id)
+            if origin is not None:
+                used_in, used_text = origin
+                if used_in != session_id:
+                    raise PromptConflict(
+                        f"message_id {message_id} is already used in session {used_in}"
+                    )
+                if used_text != text:
+                    raise PromptConflict(
+                        f"message_id {message_id} was already prompted with another text"
+                    )
+                return message_id
+            if self.ledger.known_message(message_id):  # an assistant message's id
+                raise PromptConflict(f"message_id {message_id} is already used")
         item = InboxItem(
             id=message_id or ids.message_id(),
             session_id=session_id,
             text=text,
             delivery=delivery,
+            max_steps=max_steps,
             created=time.time(),
         )
         await self.ledger.write([NewEvent("inbox.added", session_id, item.model_dump(mode="json"))])

@@ -228,6 +228,7 @@ class SessionActor:
         self._wake = trio.Event()
         self._turn_scope: trio.CancelScope | None = None
         self._provider: Provider | None = None
+        self._provider_for: tuple[str, str | None] = ("", None)  # (model, base_url)
         self._restarts: deque[float] = deque()
         self._state: Session | None = None
         self._budget: Budget | None = None
@@ -295,6 +296,7 @@ class SessionActor:
             agent=item.agent or session.agent,
             model=item.model or session.model,
             delivery=item.delivery,
+            max_steps=item.max_steps,
             created=time.time(),
         )
         part = TextPart(
@@ -359,6 +361,9 @@ class SessionActor:
         log.warning("provider retry scheduled", attempt=notice.attempt, delay=notice.delay)
 
     async def _turn(self, item: InboxItem) -> None:
+        # Between turns the row may have been changed through the API (PATCH, refused
+        # while a turn runs or input waits): start each turn from the ledger's copy.
+        self._state = None
         session = self._session()
         events = await self._take(item, session)
         claim = {"message_id": item.id, "session_id": self.session_id, "started": time.time()}
@@ -563,13 +568,22 @@ class SessionActor:
         config = services.config
         session = self._session()
         agent = get_agent(session.agent)
+        base_url = session.base_url or config.base_url
+        if self._provider is not None and self._provider_for != (session.model, base_url):
+            # The session's model or server changed since the last turn: a new client.
+            with trio.CancelScope(shield=True):
+                await self._provider.aclose()
+            self._provider = None
         if self._provider is None:
             factory = config.provider_factory
             self._provider = (
                 factory(session.model)
                 if factory is not None
-                else create_provider(session.model, base_url=config.base_url, record=config.record)
+                else create_provider(session.model, base_url=base_url, record=config.record)
             )
+            self._provider_for = (session.model, base_url)
+        user_message = self._ledger.user_message(user_message_id)
+        turn_steps = user_message.max_steps if user_message is not None else None
         _, model_name = split_model(session.model)
         layers = (services.rules_of(session), *self._lineage.ceilings)
         hidden = set().union(*(disabled_tools(services.tools, rules) for rules in layers))
@@ -596,7 +610,7 @@ class SessionActor:
             system=[block.text for block in self._system],
             system_sources=[block.source for block in self._system],
             tool_specs=[services.tool_specs[name] for name in tools],
-            max_steps=config.max_steps or agent.steps,
+            max_steps=turn_steps or config.max_steps or agent.steps,
             ledger_history=history,
             ledger_post=self._ledger.post,
             ledger_flush=self._ledger.flush,

@@ -38,7 +38,9 @@ from harness.messages.model import (
     Part,
     Rule,
     Session,
+    TextPart,
     ToolPart,
+    UserMessage,
 )
 from harness.messages.todo import Todo
 from harness.storage.projections import PROJECTIONS
@@ -311,6 +313,33 @@ class Ledger:
             (message_id, message_id),
         )
         return bool(rows)
+
+    def prompt_origin(self, message_id: str) -> tuple[str, str] | None:
+        """The session and text a message id was first prompted with, or None if unused.
+
+        A queued input still holds its text; a taken one is the user message's first
+        text part (the prompt, verbatim).
+        """
+        rows = self._rows("SELECT session_id, data FROM inbox WHERE id = ?", (message_id,))
+        if rows:
+            return rows[0][0], InboxItem.model_validate_json(rows[0][1]).text
+        rows = self._rows(
+            "SELECT m.session_id, p.data FROM messages m LEFT JOIN parts p"
+            " ON p.message_id = m.id AND p.type = 'text' WHERE m.id = ? AND m.role = 'user'"
+            " ORDER BY p.id LIMIT 1",
+            (message_id,),
+        )
+        if not rows:
+            return None
+        part = _PART.validate_json(rows[0][1]) if rows[0][1] else None
+        return rows[0][0], part.text if isinstance(part, TextPart) else ""
+
+    def user_message(self, message_id: str) -> UserMessage | None:
+        rows = self._rows(
+            "SELECT data FROM messages WHERE id = ? AND role = 'user'", (message_id,)
+        )
+        message = _MESSAGE.validate_json(rows[0][0]) if rows else None
+        return message if isinstance(message, UserMessage) else None
 
     def open_tool_parts(self, session_id: str) -> list[ToolPart]:
         rows = self._rows(
