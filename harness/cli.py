@@ -339,18 +339,16 @@ def _record_path(value: str | None) -> Path | None:
 def _daemon_can_take(args: argparse.Namespace) -> bool:
     """Whether the daemon can honour every flag; if not, ``run`` stays embedded.
 
-    ``--base-url``, ``--max-steps`` and ``--record`` configure a whole harness, not one
-    session, and rules given with ``--session`` would have to change an existing session.
+    ``--base-url`` is a session setting, ``--max-steps`` one of the turn, and rules
+    given with ``--session`` are added to that session's (``PATCH /v1/sessions/{id}``):
+    the daemon takes all three. The ones below configure this process's harness.
     """
-    rules_given = bool(args.yes or args.allow or args.deny)
     budgets = (args.budget_tokens, args.budget_cost, args.budget_time)
     if args.show_request or any(limit is not None for limit in budgets):
         return False  # these configure this process's harness
     if args.record is not None:
         return False  # the cassette records this process's provider calls
-    if args.durability is not None:
-        return False  # the daemon's ledger is opened with the daemon's own setting
-    return not args.base_url and args.max_steps is None and not (args.session and rules_given)
+    return args.durability is None  # the daemon's ledger is opened with its own setting
 
 
 async def _run_async(config: Any, args: argparse.Namespace, text: str, directory: Path) -> int:
@@ -359,6 +357,7 @@ async def _run_async(config: Any, args: argparse.Namespace, text: str, directory
     from harness.agents import UnknownAgentError
     from harness.providers.errors import ProviderError
     from harness.runtime import HarnessError, open_harness
+    from harness.snapshots import SessionBusy
     from harness.storage.ledger import LedgerError
 
     try:
@@ -366,15 +365,22 @@ async def _run_async(config: Any, args: argparse.Namespace, text: str, directory
             try:
                 if args.session:
                     session = h.session(args.session)
+                    if config.rules or args.base_url:
+                        # As through the daemon: the session keeps them for later turns.
+                        session = await h.update_session(
+                            session.id, add_rules=config.rules, base_url=args.base_url
+                        )
                 else:
                     session = await h.create_session(
-                        directory, model=config.model, agent=config.agent
+                        directory, model=config.model, agent=config.agent, base_url=config.base_url
                     )
+            except SessionBusy as error:
+                raise UsageError(str(error)) from error
             except (HarnessError, UnknownAgentError, ProviderError) as error:
                 raise UsageError(str(error)) from error
             view = _Progress(h, session.id, json_mode=args.json, interactive=config.interactive)
             async with h.subscribe(session.id) as events, trio.open_nursery() as nursery:
-                message_id = await h.prompt(session.id, text)
+                message_id = await h.prompt(session.id, text, max_steps=args.max_steps)
                 nursery.start_soon(_cancel_on_interrupt, h, session.id, nursery)
                 code = await view.follow(events, message_id, nursery)
                 nursery.cancel_scope.cancel()
@@ -585,25 +591,35 @@ def _run_via_daemon(
     from harness.client import ApiError
     from harness.messages import ids
 
+    base_url = args.base_url or os.environ.get("HARNESS_BASE_URL") or None
     try:
         if args.session:
             session_id = client.session(args.session)["id"]
+            if rules or args.base_url:
+                client.update_session(
+                    session_id,
+                    permission=[rule.model_dump() for rule in rules],
+                    base_url=args.base_url,
+                )
         else:
             session_id = client.create_session(
                 directory=str(directory.resolve()),
                 model=_model_for_daemon(args),
+                base_url=base_url,
                 agent=args.agent,
                 permission=[rule.model_dump() for rule in rules],
             )["id"]
     except ApiError as error:
-        if error.status in (404, 422):
+        if error.status in (404, 409, 422):
             raise UsageError(error.message) from error
         raise
     # Follow from the ledger's current end, subscribed before the prompt goes in: every
     # event of this turn reaches us, deltas included, and a reconnect replays the rest.
     stream = client.events(session_id, after=client.health()["last_seq"])
     stream.open()
-    message_id = client.prompt(session_id, text, message_id=ids.message_id())
+    message_id = client.prompt(
+        session_id, text, message_id=ids.message_id(), max_steps=args.max_steps
+    )
     turn = _DaemonTurn(client, _Display(session_id, json_mode=args.json), interactive)
     try:
         return turn.follow(stream, message_id)

@@ -53,7 +53,7 @@ from harness.messages.question import Answers, QuestionRequest
 from harness.messages.todo import Todo
 from harness.providers import split_model
 from harness.storage.ledger import Ledger
-from harness.storage.lock import hold_ledger
+from harness.storage.lock import LockHolder, hold_ledger
 from harness.tools.registry import builtin_tools, tool_specs
 
 log = structlog.get_logger("harness")
@@ -513,8 +513,14 @@ def _leaves(error: BaseException) -> list[BaseException]:
 
 
 @asynccontextmanager
-async def open_harness(config: Config | None = None) -> AsyncIterator[Harness]:
-    """Start the actor tree under the caller's task; stop it when the block ends."""
+async def open_harness(
+    config: Config | None = None, *, holder: LockHolder | None = None
+) -> AsyncIterator[Harness]:
+    """Start the actor tree under the caller's task; stop it when the block ends.
+
+    ``holder`` is what the ledger's lock file says about this process (the daemon
+    passes its socket), for the message another process gets when it is refused.
+    """
     config = config or Config.from_env()
     if config.log_file is not None or not structlog.is_configured():
         configure_logging(
@@ -522,7 +528,7 @@ async def open_harness(config: Config | None = None) -> AsyncIterator[Harness]:
             format=config.log_format,
             file=config.log_file or config.home / "logs" / "harness.jsonl",
         )
-    with hold_ledger(config.ledger_path):
+    with hold_ledger(config.ledger_path, holder):
         async with _open_harness(config) as harness:
             yield harness
 

@@ -47,6 +47,7 @@ from harness.messages.events import Event
 from harness.providers.errors import ProviderError
 from harness.runtime import Harness, HarnessError, PromptConflict, open_harness
 from harness.snapshots import RevertConflict, SessionBusy, SnapshotError
+from harness.storage.lock import LockHolder
 
 log = structlog.get_logger("harness.server")
 
@@ -775,7 +776,8 @@ async def serve(
     listener = await open_listener(path)
     inode = path.lstat().st_ino
     try:
-        async with open_harness(config) as h, trio.open_nursery() as nursery:
+        holder = LockHolder("daemon", os.getpid(), str(path))
+        async with open_harness(config, holder=holder) as h, trio.open_nursery() as nursery:
 
             async def handler(stream: trio.SocketStream) -> None:
                 await handle_connection(h, stream, limits, gate)
