@@ -237,6 +237,10 @@ def _exit_code_for(error: BaseException) -> int:
     if isinstance(first, DaemonUnavailable):
         print(f"harness: {first}", file=sys.stderr)
         return EXIT_ERROR
+    storage = _storage_failure(first)
+    if storage is not None:
+        print(f"harness: {storage}", file=sys.stderr)
+        return EXIT_ERROR
     if isinstance(first, KeyboardInterrupt):
         return EXIT_CANCELLED
     if isinstance(first, BrokenPipeError):
@@ -248,17 +252,42 @@ def _exit_code_for(error: BaseException) -> int:
 
     from harness.config import default_home
 
-    log_dir = default_home() / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    crash = log_dir / "crash.log"
-    with crash.open("a", encoding="utf-8") as out:
-        out.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
-        traceback.print_exception(error, file=out)
-    print(
-        f"harness: internal error: {type(first).__name__}: {first} (details in {crash})",
-        file=sys.stderr,
-    )
+    crash = default_home() / "logs" / "crash.log"
+    try:
+        crash.parent.mkdir(parents=True, exist_ok=True)
+        with crash.open("a", encoding="utf-8") as out:
+            out.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
+            traceback.print_exception(error, file=out)
+        where = f"details in {crash}"
+    except OSError as unwritable:
+        where = f"no details: {crash} cannot be written: {unwritable.strerror or unwritable}"
+    print(f"harness: internal error: {type(first).__name__}: {first} ({where})", file=sys.stderr)
     return EXIT_ERROR
+
+
+def _storage_failure(error: BaseException) -> str | None:
+    """One line for a failure of the disk or the ledger; None for anything else.
+
+    A read-only or full ``HARNESS_HOME``, a corrupt or truncated ledger: the user's
+    files, not a bug, so no traceback and no crash log (which could not be written).
+    """
+    import errno
+
+    from harness.storage.ledger import LedgerError
+
+    if isinstance(error, LedgerError):
+        return str(error)
+    if "apsw" in sys.modules:
+        import apsw
+
+        if isinstance(error, apsw.Error):
+            return f"the ledger cannot be read or written: {error}"
+    if isinstance(error, OSError) and error.errno is not None:
+        if error.errno == errno.ENOSPC:
+            return f"disk full: {error.filename or 'a write'} failed ({error.strerror})"
+        if error.filename is not None:
+            return f"{error.filename}: {error.strerror or error}"
+    return None
 
 
 # --- run --------------------------------------------------------------------------------
@@ -360,6 +389,7 @@ async def _run_async(config: Any, args: argparse.Namespace, text: str, directory
     from harness.snapshots import SessionBusy
     from harness.storage.ledger import LedgerError
 
+    view_code: int | None = None
     try:
         async with open_harness(config) as h:
             try:
@@ -382,10 +412,12 @@ async def _run_async(config: Any, args: argparse.Namespace, text: str, directory
             async with h.subscribe(session.id) as events, trio.open_nursery() as nursery:
                 message_id = await h.prompt(session.id, text, max_steps=args.max_steps)
                 nursery.start_soon(_cancel_on_interrupt, h, session.id, nursery)
-                code = await view.follow(events, message_id, nursery)
+                code = view_code = await view.follow(events, message_id, nursery)
                 nursery.cancel_scope.cancel()
             return code
     except LedgerError as error:
+        if view_code is not None:
+            return view_code  # the turn's end already said why (a full disk)
         print(f"harness: {error}", file=sys.stderr)
         return EXIT_ERROR
 
@@ -793,17 +825,16 @@ def _from_daemon(call: Any) -> Any:
         return None
 
 
-def _open_ledger() -> Any:
+def _open_ledger(*, read_only: bool = True) -> Any:
     from harness.config import Config
-    from harness.storage.ledger import Ledger, LedgerError
+    from harness.storage.ledger import Ledger
 
     config = Config.from_env()
     if not config.ledger_path.exists():
         raise UsageError(f"no ledger at {config.ledger_path} (set HARNESS_HOME?)")
-    try:
-        return Ledger(config.ledger_path, durability=config.durability)
-    except LedgerError as error:
-        raise UsageError(str(error)) from error
+    # Read-only: a reader never changes the file, and works on a read-only one. A file
+    # that cannot be read is a storage failure (exit 1), not a usage error.
+    return Ledger(config.ledger_path, durability=config.durability, read_only=read_only)
 
 
 def _sessions(args: argparse.Namespace) -> int:
@@ -917,7 +948,7 @@ def _revert_embedded(session_id: str, message_id: str) -> Any:
 
     from harness.snapshots import SnapshotError, revert_session
 
-    ledger = _open_ledger()
+    ledger = _open_ledger(read_only=False)
 
     async def main() -> Any:
         async with trio.open_nursery() as nursery:

@@ -271,6 +271,7 @@ class Harness:
                 return message_id
             if self.ledger.known_message(message_id):  # an assistant message's id
                 raise PromptConflict(f"message_id {message_id} is already used")
+        self.ledger.recover()  # new input after a failed write (a full disk): try again
         item = InboxItem(
             id=message_id or ids.message_id(),
             session_id=session_id,

@@ -47,6 +47,7 @@ from harness.messages.events import Event
 from harness.providers.errors import ProviderError
 from harness.runtime import Harness, HarnessError, PromptConflict, open_harness
 from harness.snapshots import RevertConflict, SessionBusy, SnapshotError
+from harness.storage.ledger import LedgerError
 from harness.storage.lock import LockHolder
 
 log = structlog.get_logger("harness.server")
@@ -503,8 +504,10 @@ class Connection:
                 with _session_context(request.path, ids):
                     try:
                         response = await handler(self.h, request, *ids)
-                    except (ApiError, _ClientGone, trio.Cancelled):
+                    except (ApiError, _ClientGone):
                         raise
+                    except LedgerError as error:  # a full disk: the client may retry later
+                        raise ApiError(503, "storage_failed", str(error)) from None
                     except Exception:
                         # Answered here, with the connection still open: a real 500.
                         log.exception("request failed", method=request.method, path=request.path)

@@ -64,7 +64,7 @@ from harness.providers import create_provider, split_model
 from harness.providers.base import Provider
 from harness.providers.errors import ProviderError
 from harness.providers.retry import RetryNotice, RetryPolicy
-from harness.storage.ledger import Ledger
+from harness.storage.ledger import Ledger, LedgerError
 from harness.tools.base import Tool
 from harness.tools.process import kill_orphans
 
@@ -198,6 +198,18 @@ def _root_cause(error: BaseException) -> BaseException:
     while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
         error = error.exceptions[0]
     return error
+
+
+def _ledger_failure(error: BaseException) -> LedgerError | None:
+    """The ledger's failure somewhere in ``error`` (a full disk): no restart can help."""
+    if isinstance(error, LedgerError):
+        return error
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            found = _ledger_failure(inner)
+            if found is not None:
+                return found
+    return None
 
 
 def derive_title(text: str, limit: int = 50) -> str:
@@ -495,6 +507,9 @@ class SessionActor:
         result: TurnResult | None = None
         try:
             result = await self._supervised_turn(message_id)
+        except LedgerError as error:
+            await self._ledger_failed(message_id, error)
+            return
         finally:
             if result is None and self._parent_span is not None:
                 # A child dies with its parent's call: it is cancelled, not to be resumed.
@@ -526,6 +541,9 @@ class SessionActor:
                 # Building the provider failed (no key, unknown model): nothing to restart.
                 return await self._stopped(user_message_id, "error", str(error))
             except Exception as error:
+                failure = _ledger_failure(error)
+                if failure is not None:
+                    raise failure from None  # a rerun would fail the same way, tools and all
                 log.exception("runner crashed")
                 cause = _root_cause(error)
                 with trio.CancelScope(shield=True):
@@ -545,6 +563,27 @@ class SessionActor:
                     return TurnResult(user_message_id, "error", "", reason)
             finally:
                 self._turn_scope = None
+
+    async def _ledger_failed(self, message_id: str, error: LedgerError) -> None:
+        """The ledger cannot be written (a full disk): stop the turn, writing nothing.
+
+        The turn's claim stays in the ledger, so the turn is resumed, from what was
+        committed, when the session is woken again (a prompt, once there is space) or the
+        harness restarts. Whoever follows the turn hears that it ended from a live-only
+        ``turn.finished`` event, which needs no disk.
+        """
+        log.error("turn stopped: the ledger cannot be written", error=str(error))
+        self._state = None  # what this actor posted may not have landed
+        result = TurnResult(message_id, "error", "", str(error))
+        event = Event(None, time.time(), "turn.finished", self.session_id, result.to_dict())
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await self._services.feed.send(Publish((event,)))
+        if self._parent_span is not None:
+            raise error  # a child's failure is its parent's call's failure
+        await self._wake.wait()
+        self._wake = trio.Event()
+        for _, claimed, resumes in self._ledger.claimed_turns(self.session_id):
+            await self._resume(claimed, resumes)
 
     def _may_restart(self) -> bool:
         config = self._services.config
