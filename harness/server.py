@@ -394,6 +394,7 @@ class Connection:
         self.limits = limits or Limits()
         self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=64 * 1024)
         self._deadline = math.inf
+        self._head = False  # answering a HEAD request: headers only, no body
 
     async def _send(self, *events: h11.Event) -> None:
         data = b"".join(self.conn.send(event) or b"" for event in events)
@@ -438,6 +439,7 @@ class Connection:
                 return None
             if not isinstance(event, h11.Request):
                 raise _ClientGone
+            self._head = event.method == b"HEAD"
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in event.headers}
             target = urlsplit(event.target.decode("latin-1"))
             request = Request(
@@ -485,7 +487,13 @@ class Connection:
         headers = [("content-type", "application/json"), ("content-length", str(len(data)))]
         if close:
             headers.append(("connection", "close"))
-        await self._send(h11.Response(status_code=status, headers=headers), h11.Data(data=data))
+        response = h11.Response(status_code=status, headers=headers)
+        if self._head:
+            # The answer to a HEAD has the length of the body but not the body (h11
+            # refuses to send one, and the client would not read it).
+            await self._send(response, h11.EndOfMessage())
+            return
+        await self._send(response, h11.Data(data=data))
         await self._send(h11.EndOfMessage())
 
     async def serve(self) -> None:

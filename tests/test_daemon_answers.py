@@ -92,6 +92,19 @@ async def test_malformed_input_gets_a_json_error_not_a_closed_connection(
     assert (await daemon.call("health"))["ok"] is True
 
 
+async def test_a_head_request_gets_headers_and_no_body(daemon: Daemon) -> None:
+    # h11 refuses to send a body after a HEAD: the connection used to close unanswered.
+    async with await trio.open_unix_socket(str(daemon.path)) as stream:
+        await stream.send_all(b"HEAD /v1/health HTTP/1.1\r\nhost: h\r\n\r\n" + _get("/v1/health"))
+        data = b""
+        with trio.fail_after(5):
+            while b'"ok":true' not in data:
+                data += await stream.receive_some(65536)
+    assert data.startswith(b"HTTP/1.1 405 ")
+    head, _, rest = data.partition(b"\r\n\r\n")
+    assert b"content-length:" in head and rest.startswith(b"HTTP/1.1 200 "), "no body, kept alive"
+
+
 async def test_a_long_directory_component_is_refused_by_the_harness_too(daemon: Daemon) -> None:
     # Under PATH_MAX but one component over NAME_MAX: the kernel's ENAMETOOLONG.
     status, body = await raw(
