@@ -374,7 +374,9 @@ class SessionActor:
 
     async def _turn(self, item: InboxItem) -> None:
         # Between turns the row may have been changed through the API (PATCH, refused
-        # while a turn runs or input waits): start each turn from the ledger's copy.
+        # while a turn runs or input waits): start each turn from the ledger's copy, once
+        # this actor's own last posts (a late title) have landed in it.
+        await self._ledger.flush()
         self._state = None
         session = self._session()
         events = await self._take(item, session)
