@@ -339,7 +339,8 @@ def _run(args: argparse.Namespace) -> int:
         model=args.model,
         base_url=args.base_url,
         agent=args.agent,
-        max_steps=args.max_steps,
+        # --max-steps is the turn's (sent with the prompt), as through the daemon: not a
+        # harness-wide limit that would also cut subtasks and other sessions' resumed turns.
         rules=rules,
         interactive=interactive,
         durability=args.durability,
