@@ -405,8 +405,9 @@ async def _run_async(config: Any, args: argparse.Namespace, text: str, directory
                     session = await h.create_session(
                         directory, model=config.model, agent=config.agent, base_url=config.base_url
                     )
-            except SessionBusy as error:
-                raise UsageError(str(error)) from error
+            except SessionBusy as error:  # not a usage error: the same command works later
+                print(f"harness: {error}", file=sys.stderr)
+                return EXIT_ERROR
             except (HarnessError, UnknownAgentError, ProviderError) as error:
                 raise UsageError(str(error)) from error
             view = _Progress(h, session.id, json_mode=args.json, interactive=config.interactive)
@@ -643,8 +644,11 @@ def _run_via_daemon(
                 permission=[rule.model_dump() for rule in rules],
             )["id"]
     except ApiError as error:
-        if error.status in (404, 409, 422):
+        if error.status in (404, 422):
             raise UsageError(error.message) from error
+        if error.status == 409:  # busy: the same command works once the session is idle
+            print(f"harness: {error.message}", file=sys.stderr)
+            return EXIT_ERROR
         raise
     # Follow from the ledger's current end, subscribed before the prompt goes in: every
     # event of this turn reaches us, deltas included, and a reconnect replays the rest.

@@ -403,3 +403,29 @@ def test_a_session_bash_runs_while_the_daemon_is_at_its_cap(
         for sock in clients:
             sock.close()
         test_client.stop(process)
+
+
+async def test_patch_adds_rules_and_changes_title_and_base_url(daemon: Daemon) -> None:
+    session_id = await daemon.session([{"text": "slow", "delay": 30}], permission=[
+        {"permission": "edit", "pattern": "*", "action": "deny"}
+    ])
+    rule = {"permission": "bash", "pattern": "git *", "action": "allow"}
+    body = {"permission": [rule], "title": "renamed", "base_url": "http://127.0.0.1:9"}
+    updated = await daemon.call("request", "PATCH", f"/v1/sessions/{session_id}", body)
+    assert updated["title"] == "renamed" and updated["base_url"] == "http://127.0.0.1:9"
+    assert updated["permission"] == [
+        {"permission": "edit", "pattern": "*", "action": "deny"},
+        rule,
+    ], "added after the session's own rules"
+    assert await daemon.call("session", session_id) == updated
+    await daemon.call("prompt", session_id, "wait")
+    with pytest.raises(ApiError) as busy:
+        await daemon.call("request", "PATCH", f"/v1/sessions/{session_id}", {"title": "x"})
+    assert (busy.value.status, busy.value.code) == (409, "session_busy")
+    with pytest.raises(ApiError) as unknown:
+        await daemon.call("request", "PATCH", f"/v1/sessions/{session_id}", {"model": "x"})
+    assert unknown.value.status == 422
+    with pytest.raises(ApiError) as missing:
+        await daemon.call("request", "PATCH", "/v1/sessions/ses_nope", {"title": "x"})
+    assert missing.value.status == 404
+    await daemon.call("cancel", session_id)

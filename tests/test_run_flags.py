@@ -158,3 +158,17 @@ def test_the_lock_message_names_another_embedded_run(
     finally:
         first.terminate()
         first.wait(timeout=15)
+
+
+def test_rules_for_a_busy_session_are_refused_with_exit_1(
+    env: dict[str, str], tmp_path: Path, project: Path, served: Any
+) -> None:
+    client, _ = served
+    slow = _script(tmp_path, [{"text": "slow", "delay": 30}], "busy.json")
+    session = client.create_session(directory=str(project), model=slow)
+    client.prompt(session["id"], "wait")
+    result = harness(env, "run", "--session", session["id"], "--allow", "edit", "more")
+    assert result.returncode == 1 and "busy" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert client.session(session["id"])["permission"] == []
+    client.cancel(session["id"])
