@@ -251,6 +251,10 @@ def _exit_code_for(error: BaseException) -> int:
     if isinstance(first, DaemonUnavailable):
         print(f"harness: {first}", file=sys.stderr)
         return EXIT_ERROR
+    storage = _storage_failure(first)
+    if storage is not None:
+        print(f"harness: {storage}", file=sys.stderr)
+        return EXIT_ERROR
     if isinstance(first, KeyboardInterrupt):
         return EXIT_CANCELLED
     if isinstance(first, BrokenPipeError):
@@ -264,16 +268,45 @@ def _exit_code_for(error: BaseException) -> int:
     from harness.private import open_private, private_dir
     from harness.secrets import redact
 
-    log_dir = private_dir(private_dir(default_home()) / "logs")
-    crash = log_dir / "crash.log"
-    with open_private(crash, "a", encoding="utf-8") as out:
-        out.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
-        out.write(redact("".join(traceback.format_exception(error))))
+    crash = default_home() / "logs" / "crash.log"
+    try:
+        private_dir(private_dir(default_home()) / "logs")
+        with open_private(crash, "a", encoding="utf-8") as out:
+            out.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
+            out.write(redact("".join(traceback.format_exception(error))))
+        where = f"details in {crash}"
+    except OSError as unwritable:
+        where = f"no details: {crash} cannot be written: {unwritable.strerror or unwritable}"
     print(
-        redact(f"harness: internal error: {type(first).__name__}: {first} (details in {crash})"),
+        redact(f"harness: internal error: {type(first).__name__}: {first} ({where})"),
         file=sys.stderr,
     )
     return EXIT_ERROR
+
+
+def _storage_failure(error: BaseException) -> str | None:
+    """One line for a failure of the disk or the ledger; None for anything else.
+
+    A read-only or full ``HARNESS_HOME``, a corrupt or truncated ledger: the user's
+    files, not a bug, so no traceback and no crash log (which could not be written).
+    """
+    import errno
+
+    from harness.storage.ledger import LedgerError
+
+    if isinstance(error, LedgerError):
+        return str(error)
+    if "apsw" in sys.modules:
+        import apsw
+
+        if isinstance(error, apsw.Error):
+            return f"the ledger cannot be read or written: {error}"
+    if isinstance(error, OSError) and error.errno is not None:
+        if error.errno == errno.ENOSPC:
+            return f"disk full: {error.filename or 'a write'} failed ({error.strerror})"
+        if error.filename is not None:
+            return f"{error.filename}: {error.strerror or error}"
+    return None
 
 
 # --- run --------------------------------------------------------------------------------
@@ -327,7 +360,8 @@ def _run(args: argparse.Namespace) -> int:
         model=args.model,
         base_url=args.base_url,
         agent=args.agent,
-        max_steps=args.max_steps,
+        # --max-steps is the turn's (sent with the prompt), as through the daemon: not a
+        # harness-wide limit that would also cut subtasks and other sessions' resumed turns.
         rules=rules,
         interactive=interactive,
         yes=args.yes,
@@ -359,18 +393,16 @@ def _record_path(value: str | None) -> Path | None:
 def _daemon_can_take(args: argparse.Namespace) -> bool:
     """Whether the daemon can honour every flag; if not, ``run`` stays embedded.
 
-    ``--base-url``, ``--max-steps`` and ``--record`` configure a whole harness, not one
-    session, and rules given with ``--session`` would have to change an existing session.
+    ``--base-url`` is a session setting, ``--max-steps`` one of the turn, and rules
+    given with ``--session`` are added to that session's (``PATCH /v1/sessions/{id}``):
+    the daemon takes all three. The ones below configure this process's harness.
     """
-    rules_given = bool(args.allow or args.deny)  # --yes is the client's answer, not a rule
     budgets = (args.budget_tokens, args.budget_cost, args.budget_time)
     if args.show_request or any(limit is not None for limit in budgets):
         return False  # these configure this process's harness
     if args.record is not None:
         return False  # the cassette records this process's provider calls
-    if args.durability is not None:
-        return False  # the daemon's ledger is opened with the daemon's own setting
-    return not args.base_url and args.max_steps is None and not (args.session and rules_given)
+    return args.durability is None  # the daemon's ledger is opened with its own setting
 
 
 async def _run_async(config: Any, args: argparse.Namespace, text: str, directory: Path) -> int:
@@ -379,27 +411,39 @@ async def _run_async(config: Any, args: argparse.Namespace, text: str, directory
     from harness.agents import UnknownAgentError
     from harness.providers.errors import ProviderError
     from harness.runtime import HarnessError, open_harness
+    from harness.snapshots import SessionBusy
     from harness.storage.ledger import LedgerError
 
+    view_code: int | None = None
     try:
         async with open_harness(config) as h:
             try:
                 if args.session:
                     session = h.session(args.session)
+                    if config.rules or args.base_url:
+                        # As through the daemon: the session keeps them for later turns.
+                        session = await h.update_session(
+                            session.id, add_rules=config.rules, base_url=args.base_url
+                        )
                 else:
                     session = await h.create_session(
-                        directory, model=config.model, agent=config.agent
+                        directory, model=config.model, agent=config.agent, base_url=config.base_url
                     )
+            except SessionBusy as error:  # not a usage error: the same command works later
+                print(f"harness: {error}", file=sys.stderr)
+                return EXIT_ERROR
             except (HarnessError, UnknownAgentError, ProviderError) as error:
                 raise UsageError(str(error)) from error
             view = _Progress(h, session.id, json_mode=args.json, interactive=config.interactive)
             async with h.subscribe(session.id) as events, trio.open_nursery() as nursery:
-                message_id = await h.prompt(session.id, text)
+                message_id = await h.prompt(session.id, text, max_steps=args.max_steps)
                 nursery.start_soon(_cancel_on_interrupt, h, session.id, nursery)
-                code = await view.follow(events, message_id, nursery)
+                code = view_code = await view.follow(events, message_id, nursery)
                 nursery.cancel_scope.cancel()
             return code
     except LedgerError as error:
+        if view_code is not None:
+            return view_code  # the turn's end already said why (a full disk)
         print(f"harness: {error}", file=sys.stderr)
         return EXIT_ERROR
 
@@ -605,25 +649,38 @@ def _run_via_daemon(
     from harness.client import ApiError
     from harness.messages import ids
 
+    base_url = args.base_url or os.environ.get("HARNESS_BASE_URL") or None
     try:
         if args.session:
             session_id = client.session(args.session)["id"]
+            if rules or args.base_url:
+                client.update_session(
+                    session_id,
+                    permission=[rule.model_dump() for rule in rules],
+                    base_url=args.base_url,
+                )
         else:
             session_id = client.create_session(
                 directory=str(directory.resolve()),
                 model=_model_for_daemon(args),
+                base_url=base_url,
                 agent=args.agent,
                 permission=[rule.model_dump() for rule in rules],
             )["id"]
     except ApiError as error:
         if error.status in (404, 422):
             raise UsageError(error.message) from error
+        if error.status == 409:  # busy: the same command works once the session is idle
+            print(f"harness: {error.message}", file=sys.stderr)
+            return EXIT_ERROR
         raise
     # Follow from the ledger's current end, subscribed before the prompt goes in: every
     # event of this turn reaches us, deltas included, and a reconnect replays the rest.
     stream = client.events(session_id, after=client.health()["last_seq"])
     stream.open()
-    message_id = client.prompt(session_id, text, message_id=ids.message_id())
+    message_id = client.prompt(
+        session_id, text, message_id=ids.message_id(), max_steps=args.max_steps
+    )
     turn = _DaemonTurn(
         client, _Display(session_id, json_mode=args.json), interactive, yes=args.yes
     )
@@ -806,17 +863,16 @@ def _from_daemon(call: Any) -> Any:
         return None
 
 
-def _open_ledger() -> Any:
+def _open_ledger(*, read_only: bool = True) -> Any:
     from harness.config import Config
-    from harness.storage.ledger import Ledger, LedgerError
+    from harness.storage.ledger import Ledger
 
     config = Config.from_env()
     if not config.ledger_path.exists():
         raise UsageError(f"no ledger at {config.ledger_path} (set HARNESS_HOME?)")
-    try:
-        return Ledger(config.ledger_path, durability=config.durability)
-    except LedgerError as error:
-        raise UsageError(str(error)) from error
+    # Read-only: a reader never changes the file, and works on a read-only one. A file
+    # that cannot be read is a storage failure (exit 1), not a usage error.
+    return Ledger(config.ledger_path, durability=config.durability, read_only=read_only)
 
 
 def _sessions(args: argparse.Namespace) -> int:
@@ -930,7 +986,7 @@ def _revert_embedded(session_id: str, message_id: str) -> Any:
 
     from harness.snapshots import SnapshotError, revert_session
 
-    ledger = _open_ledger()
+    ledger = _open_ledger(read_only=False)
 
     async def main() -> Any:
         async with trio.open_nursery() as nursery:

@@ -135,6 +135,15 @@ class Client:
         answer: dict[str, Any] = self.request("POST", "/v1/sessions", fields)
         return answer
 
+    def update_session(self, session_id: str, **body: Any) -> dict[str, Any]:
+        """``PATCH /v1/sessions/{id}``: ``title``, ``permission`` (rules added) or
+        ``base_url``; 409 while the session is busy."""
+        fields = {name: value for name, value in body.items() if value not in (None, [])}
+        answer: dict[str, Any] = self.request(
+            "PATCH", f"/v1/sessions/{quote(session_id)}", fields
+        )
+        return answer
+
     def messages(self, session_id: str) -> list[dict[str, Any]]:
         answer: list[dict[str, Any]] = self.request(
             "GET", f"/v1/sessions/{quote(session_id)}/messages"
@@ -142,11 +151,19 @@ class Client:
         return answer
 
     def prompt(
-        self, session_id: str, text: str, *, delivery: str = "queue", message_id: str | None = None
+        self,
+        session_id: str,
+        text: str,
+        *,
+        delivery: str = "queue",
+        message_id: str | None = None,
+        max_steps: int | None = None,
     ) -> str:
         body: dict[str, Any] = {"text": text, "delivery": delivery}
         if message_id is not None:
             body["message_id"] = message_id
+        if max_steps is not None:
+            body["max_steps"] = max_steps
         answer = self.request("POST", f"/v1/sessions/{quote(session_id)}/prompt", body)
         return str(answer["message_id"])
 

@@ -10,6 +10,7 @@ rendered line every known secret's value and anything shaped like a credential
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import sys
@@ -49,6 +50,54 @@ def _redact_line(logger: Any, method: str, line: Any) -> Any:
 _stream: TextIO | None = None
 
 
+class _LossyStream:
+    """The log file as structlog writes to it, where a failed write drops the line.
+
+    A log line that cannot be written (a full disk, a read-only filesystem, a closed
+    pipe) must never take a session down: the line is counted as dropped, one warning
+    goes to stderr the first time, and the work goes on.
+    """
+
+    def __init__(self, target: TextIO) -> None:
+        self.target = target
+        self.dropped = 0
+
+    def write(self, text: str) -> int:
+        try:
+            return self.target.write(text)
+        except (OSError, ValueError) as error:  # ValueError: the file was closed
+            self._drop(error)
+            return 0
+
+    def flush(self) -> None:
+        try:
+            self.target.flush()
+        except (OSError, ValueError) as error:
+            self._drop(error)
+
+    def _drop(self, error: Exception) -> None:
+        self.dropped += 1
+        if self.dropped == 1 and self.target is not sys.stderr:
+            with contextlib.suppress(OSError, ValueError):
+                print(
+                    f"harness: log lines are being dropped: {error}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.target.close()
+
+
+_sink: _LossyStream | None = None
+
+
+def dropped_lines() -> int:
+    """How many log lines could not be written since logging was configured."""
+    return _sink.dropped if _sink is not None else 0
+
+
 class _ToStructlog(logging.Handler):
     """Standard-library records (libraries, ``warnings``) as lines of the same JSON stream.
 
@@ -82,15 +131,17 @@ def configure_logging(
     *, level: str = "info", format: str = "json", file: Path | None = None
 ) -> None:
     """Send harness logs to ``file`` (appending) or stderr, as JSON lines or for people."""
-    global _stream
+    global _stream, _sink
     if _stream is not None and _stream is not sys.stderr:
-        _stream.close()
+        with contextlib.suppress(OSError):
+            _stream.close()
     if file is not None:
         if not file.parent.exists():
             private_dir(file.parent)
         _stream = cast(TextIO, open_private(file, "a", encoding="utf-8", buffering=1))
     else:
         _stream = sys.stderr
+    _sink = _LossyStream(_stream)
     renderer: Any = (
         structlog.processors.JSONRenderer()
         if format == "json"
@@ -109,6 +160,6 @@ def configure_logging(
             _redact_line,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric_level),
-        logger_factory=structlog.WriteLoggerFactory(file=_stream),
+        logger_factory=structlog.WriteLoggerFactory(file=_sink),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )

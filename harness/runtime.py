@@ -55,7 +55,7 @@ from harness.private import prepare_home
 from harness.providers import split_model
 from harness.secrets import refresh_secrets
 from harness.storage.ledger import Ledger
-from harness.storage.lock import hold_ledger
+from harness.storage.lock import LockHolder, hold_ledger
 from harness.tools.registry import builtin_tools, tool_specs
 
 log = structlog.get_logger("harness")
@@ -66,6 +66,10 @@ _DELETE_WAIT = 10.0  # seconds a deletion waits for a cancelled turn to write it
 
 class HarnessError(ValueError):
     """A request the harness refuses (unknown session, bad directory); says why."""
+
+
+class PromptConflict(HarnessError):
+    """A message id already used in another session, or with another text."""
 
 
 class Harness:
@@ -99,9 +103,14 @@ class Harness:
         title: str = "",
         permission: Sequence[Rule] = (),
         parent_id: str | None = None,
+        base_url: str | None = None,
     ) -> Session:
         path = Path(directory).expanduser()
-        if not path.is_dir():
+        try:
+            is_dir = path.is_dir()
+        except (OSError, ValueError) as error:  # ENAMETOOLONG, a NUL byte, ELOOP...
+            raise HarnessError(f"unusable directory {str(path)[:200]!r}: {error}") from None
+        if not is_dir:
             raise HarnessError(f"directory does not exist: {path}")
         agent_name = agent or self.config.agent
         get_agent(agent_name)  # raises UnknownAgentError with the list of agents
@@ -118,6 +127,7 @@ class Harness:
             directory=str(path.resolve()),
             agent=agent_name,
             model=model_name,
+            base_url=base_url,
             permission=list(permission),
             created=now,
             updated=now,
@@ -130,6 +140,38 @@ class Harness:
         )
         log.info("session created", session_id=session.id, model=model_name)
         return session
+
+    async def update_session(
+        self,
+        session_id: str,
+        *,
+        title: str | None = None,
+        add_rules: Sequence[Rule] = (),
+        base_url: str | None = None,
+    ) -> Session:
+        """Change settings a later turn uses: the title, more rules, the provider's server.
+
+        Added rules go after the session's own, so they win (the last matching rule
+        does). Refused with ``snapshots.SessionBusy`` while a turn runs or input waits:
+        the running turn's session actor owns the row until it is idle again.
+        """
+        session = self.session(session_id)
+        busy = session.status in ("busy", "retry")
+        if busy or self.ledger.inbox(session_id) or self.ledger.claimed_turns(session_id):
+            raise snapshots.SessionBusy(f"session {session_id} is busy: try again once idle")
+        changes: dict[str, object] = {"updated": time.time()}
+        if title is not None:
+            changes["title"] = title
+        if add_rules:
+            changes["permission"] = [*session.permission, *add_rules]
+        if base_url is not None:
+            changes["base_url"] = base_url
+        updated = session.model_copy(update=changes)
+        await self.ledger.write(
+            [NewEvent("session.updated", session_id, updated.model_dump(mode="json"))]
+        )
+        log.info("session updated", session_id=session_id, fields=sorted(changes))
+        return updated
 
     def session(self, session_id: str) -> Session:
         session = self.ledger.session(session_id)
@@ -203,22 +245,41 @@ class Harness:
         *,
         delivery: Delivery = "queue",
         message_id: str | None = None,
+        max_steps: int | None = None,
     ) -> str:
         """Make the input durable and wake the session; returns the message id.
 
         Answers once the input is committed, before any model call. A ``message_id``
-        that is already known is not added again (the call is idempotent).
+        already prompted in this session with this text is not added again (the call is
+        idempotent); the same id in another session or with another text is a
+        ``PromptConflict``, never a prompt silently dropped. ``max_steps`` limits this
+        turn only.
         """
         self.session(session_id)
         if not text.strip():
             raise HarnessError("the prompt is empty")
-        if message_id is not None and self.ledger.known_message(message_id):
-            return message_id
+        if message_id is not None:
+            origin = self.ledger.prompt_origin(message_id)
+            if origin is not None:
+                used_in, used_text = origin
+                if used_in != session_id:
+                    raise PromptConflict(
+                        f"message_id {message_id} is already used in session {used_in}"
+                    )
+                if used_text != text:
+                    raise PromptConflict(
+                        f"message_id {message_id} was already prompted with another text"
+                    )
+                return message_id
+            if self.ledger.known_message(message_id):  # an assistant message's id
+                raise PromptConflict(f"message_id {message_id} is already used")
+        self.ledger.recover()  # new input after a failed write (a full disk): try again
         item = InboxItem(
             id=message_id or ids.message_id(),
             session_id=session_id,
             text=text,
             delivery=delivery,
+            max_steps=max_steps,
             created=time.time(),
         )
         await self.ledger.write([NewEvent("inbox.added", session_id, item.model_dump(mode="json"))])
@@ -455,8 +516,14 @@ def _leaves(error: BaseException) -> list[BaseException]:
 
 
 @asynccontextmanager
-async def open_harness(config: Config | None = None) -> AsyncIterator[Harness]:
-    """Start the actor tree under the caller's task; stop it when the block ends."""
+async def open_harness(
+    config: Config | None = None, *, holder: LockHolder | None = None
+) -> AsyncIterator[Harness]:
+    """Start the actor tree under the caller's task; stop it when the block ends.
+
+    ``holder`` is what the ledger's lock file says about this process (the daemon
+    passes its socket), for the message another process gets when it is refused.
+    """
     config = config or Config.from_env()
     # The keys this harness may meet are those of its environment now.
     refresh_secrets()
@@ -467,7 +534,7 @@ async def open_harness(config: Config | None = None) -> AsyncIterator[Harness]:
             format=config.log_format,
             file=config.log_file or config.home / "logs" / "harness.jsonl",
         )
-    with hold_ledger(config.ledger_path):
+    with hold_ledger(config.ledger_path, holder):
         async with _open_harness(config) as harness:
             yield harness
 

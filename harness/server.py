@@ -12,8 +12,10 @@ exit (if it is still ours).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
+import resource
 import socket as stdlib_socket
 import stat
 import struct
@@ -33,16 +35,20 @@ from pydantic import BaseModel, ValidationError
 from harness.agents import UnknownAgentError
 from harness.config import Config
 from harness.messages.api import (
+    MAX_ID,
     CreateSessionBody,
     PermissionReplyBody,
     PromptBody,
     QuestionReplyBody,
     RevertBody,
+    UpdateSessionBody,
 )
 from harness.messages.events import Event
 from harness.providers.errors import ProviderError
-from harness.runtime import Harness, HarnessError, open_harness
+from harness.runtime import Harness, HarnessError, PromptConflict, open_harness
 from harness.snapshots import RevertConflict, SessionBusy, SnapshotError
+from harness.storage.ledger import LedgerError
+from harness.storage.lock import LockHolder
 
 log = structlog.get_logger("harness.server")
 
@@ -50,6 +56,7 @@ MAX_BODY = 10 * 1024 * 1024
 HEARTBEAT = 15.0  # seconds between SSE comments; clients give up after three missed
 SUBSCRIBER_BUFFER = 4096  # events a stream may fall behind before it is cut off
 _READ_SIZE = 65536
+_MAX_SEQ_DIGITS = 19  # a seq is a SQLite integer: at most 9223372036854775807
 _SSE_HEADERS = [
     ("content-type", "text/event-stream"),
     ("cache-control", "no-cache"),
@@ -71,6 +78,37 @@ class ApiError(Exception):
         self.message = message
 
 
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """How long a connection may take and how many may be open (``serve(limits=...)``).
+
+    Without them, 200 clients sending a byte a second held 200 connections for good, and
+    idle connections used up the descriptors a session's ``bash`` needed.
+    """
+
+    header_timeout: float = 10.0  # from a request's first byte to the end of its head
+    body_timeout: float = 60.0  # from the end of the head to the end of the body
+    idle_timeout: float = 30.0  # a keep-alive connection waiting for its next request
+    max_connections: int = 0  # 0: min(512, RLIMIT_NOFILE soft / 4)
+
+    def connection_cap(self) -> int:
+        if self.max_connections > 0:
+            return self.max_connections
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY:
+            return 512
+        # Three quarters of the descriptors stay for the ledger, tools and their pipes.
+        return max(8, min(512, soft // 4))
+
+
+class _Gate:
+    """Counts open connections; past the cap a connection gets a 503 and is closed."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.open = 0
+
+
 @dataclass(slots=True)
 class Request:
     method: str
@@ -85,8 +123,14 @@ class Request:
             raw = json.loads(self.body or b"{}")
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
             raise ApiError(400, "malformed_json", f"the body is not valid JSON: {error}") from None
+        except RecursionError:
+            raise ApiError(400, "malformed_json", "the body is nested too deeply") from None
         if not isinstance(raw, dict):
             raise ApiError(422, "invalid_body", "the body must be a JSON object")
+        where = _unencodable(raw)
+        if where is not None:
+            # JSON may spell a lone surrogate ("\ud800"): no UTF-8 file or row can hold it.
+            raise ApiError(422, "invalid_body", f"{where}: not valid Unicode (a lone surrogate)")
         try:
             return model.model_validate(raw)
         except ValidationError as error:
@@ -98,7 +142,40 @@ class Request:
 
     def param(self, name: str) -> str | None:
         values = self.query.get(name)
-        return values[-1] if values else None
+        if not values:
+            return None
+        if len(values[-1]) > MAX_ID:
+            raise ApiError(422, "invalid_query", f"{name}: at most {MAX_ID} characters")
+        return values[-1]
+
+
+def _unencodable(raw: Any) -> str | None:
+    """The path of the first string (key or value) UTF-8 cannot encode, or None.
+
+    Iterative: the JSON decoder allows deeper nesting than Python's recursion would.
+    """
+    stack: list[tuple[str, Any]] = [("body", raw)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, str):
+            if not _encodes(value):
+                return where
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if not _encodes(key):
+                    return where
+                stack.append((f"{where}.{key}" if where != "body" else key, item))
+        elif isinstance(value, list):
+            stack.extend((f"{where}.{index}", item) for index, item in enumerate(value))
+    return None
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass(slots=True)
@@ -129,11 +206,24 @@ async def _create_session(h: Harness, request: Request) -> Response:
             model=body.model,
             agent=body.agent,
             title=body.title,
-            permission=body.permission,
+            permission=body.rules(),
+            base_url=body.base_url,
         )
     except (HarnessError, UnknownAgentError, ProviderError) as error:
         raise ApiError(422, "invalid_session", str(error)) from None
     return Response(201, session.model_dump(mode="json"))
+
+
+async def _update_session(h: Harness, request: Request, session_id: str) -> Response:
+    body: UpdateSessionBody = request.json(UpdateSessionBody)
+    _session_or_404(h, session_id)
+    try:
+        session = await h.update_session(
+            session_id, title=body.title, add_rules=body.rules(), base_url=body.base_url
+        )
+    except SessionBusy as error:
+        raise ApiError(409, "session_busy", str(error)) from None
+    return Response(200, session.model_dump(mode="json"))
 
 
 async def _list_sessions(h: Harness, request: Request) -> Response:
@@ -161,8 +251,14 @@ async def _prompt(h: Harness, request: Request, session_id: str) -> Response:
     _session_or_404(h, session_id)
     try:
         message_id = await h.prompt(
-            session_id, body.text, delivery=body.delivery, message_id=body.message_id
+            session_id,
+            body.text,
+            delivery=body.delivery,
+            message_id=body.message_id,
+            max_steps=body.max_steps,
         )
+    except PromptConflict as error:
+        raise ApiError(409, "message_id_conflict", str(error)) from None
     except HarnessError as error:
         raise ApiError(422, "invalid_prompt", str(error)) from None
     return Response(202, {"message_id": message_id})
@@ -247,7 +343,10 @@ _ID = r"([A-Za-z0-9_\-]+)"
 ROUTES: list[tuple[re.Pattern[str], dict[str, Handler | None]]] = [
     (re.compile(r"/v1/health"), {"GET": _health}),
     (re.compile(r"/v1/sessions"), {"GET": _list_sessions, "POST": _create_session}),
-    (re.compile(rf"/v1/sessions/{_ID}"), {"GET": _get_session, "DELETE": _delete_session}),
+    (
+        re.compile(rf"/v1/sessions/{_ID}"),
+        {"GET": _get_session, "PATCH": _update_session, "DELETE": _delete_session},
+    ),
     (re.compile(rf"/v1/sessions/{_ID}/messages"), {"GET": _messages}),
     (re.compile(rf"/v1/sessions/{_ID}/prompt"), {"POST": _prompt}),
     (re.compile(rf"/v1/sessions/{_ID}/cancel"), {"POST": _cancel}),
@@ -282,13 +381,20 @@ class _ClientGone(Exception):
     """The peer closed the connection or broke the protocol: stop quietly."""
 
 
+class _TimedOut(Exception):
+    """The peer was too slow: idle between requests, or a request that never ends."""
+
+
 class Connection:
     """One client connection: requests in order (keep-alive), or one event stream."""
 
-    def __init__(self, h: Harness, stream: trio.SocketStream) -> None:
+    def __init__(self, h: Harness, stream: trio.SocketStream, limits: Limits | None = None):
         self.h = h
         self.stream = stream
+        self.limits = limits or Limits()
         self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=64 * 1024)
+        self._deadline = math.inf
+        self._head = False  # answering a HEAD request: headers only, no body
 
     async def _send(self, *events: h11.Event) -> None:
         data = b"".join(self.conn.send(event) or b"" for event in events)
@@ -302,20 +408,38 @@ class Connection:
             event = self.conn.next_event()
             if event is not h11.NEED_DATA:
                 return event
-            try:
-                data = await self.stream.receive_some(_READ_SIZE)
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
-                raise _ClientGone from error
+            data = await self._receive()
             self.conn.receive_data(data)
 
+    async def _receive(self) -> bytes:
+        with trio.move_on_at(self._deadline) as waited:
+            try:
+                return await self.stream.receive_some(_READ_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+                raise _ClientGone from error
+        assert waited.cancelled_caught
+        raise _TimedOut
+
     async def _read_request(self) -> Request | None:
-        """The next request with its body; None when the client closed between requests."""
+        """The next request with its body; None when the client closed between requests
+        or stayed idle past the idle timeout."""
+        limits = self.limits
         try:
+            if not self.conn.trailing_data[0]:
+                # Nothing of a next request yet: wait for its first bytes (keep-alive).
+                self._deadline = trio.current_time() + limits.idle_timeout
+                try:
+                    data = await self._receive()
+                except _TimedOut:
+                    return None
+                self.conn.receive_data(data)
+            self._deadline = trio.current_time() + limits.header_timeout
             event = await self._next_event()
             if isinstance(event, h11.ConnectionClosed):
                 return None
             if not isinstance(event, h11.Request):
                 raise _ClientGone
+            self._head = event.method == b"HEAD"
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in event.headers}
             target = urlsplit(event.target.decode("latin-1"))
             request = Request(
@@ -330,6 +454,7 @@ class Connection:
                 raise ApiError(413, "body_too_large", f"the body is over {MAX_BODY} bytes")
             if self.conn.they_are_waiting_for_100_continue:  # curl waits for this on big bodies
                 await self._send(h11.InformationalResponse(status_code=100, headers=[]))
+            self._deadline = trio.current_time() + limits.body_timeout
             chunks: list[bytes] = []
             size = 0
             while True:
@@ -344,7 +469,14 @@ class Connection:
                 else:
                     raise _ClientGone
             request.body = b"".join(chunks)
+            self._deadline = math.inf
             return request
+        except _TimedOut:
+            if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+                raise ApiError(
+                    408, "request_timeout", "the request did not arrive in time"
+                ) from None
+            raise _ClientGone from None
         except h11.RemoteProtocolError as error:
             if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
                 raise ApiError(400, "bad_request", f"malformed HTTP request: {error}") from None
@@ -355,7 +487,13 @@ class Connection:
         headers = [("content-type", "application/json"), ("content-length", str(len(data)))]
         if close:
             headers.append(("connection", "close"))
-        await self._send(h11.Response(status_code=status, headers=headers), h11.Data(data=data))
+        response = h11.Response(status_code=status, headers=headers)
+        if self._head:
+            # The answer to a HEAD has the length of the body but not the body (h11
+            # refuses to send one, and the client would not read it).
+            await self._send(response, h11.EndOfMessage())
+            return
+        await self._send(response, h11.Data(data=data))
         await self._send(h11.EndOfMessage())
 
     async def serve(self) -> None:
@@ -372,14 +510,25 @@ class Connection:
                     await self._events(request)
                     return
                 with _session_context(request.path, ids):
-                    response = await handler(self.h, request, *ids)
+                    try:
+                        response = await handler(self.h, request, *ids)
+                    except (ApiError, _ClientGone):
+                        raise
+                    except LedgerError as error:  # a full disk: the client may retry later
+                        raise ApiError(503, "storage_failed", str(error)) from None
+                    except Exception:
+                        # Answered here, with the connection still open: a real 500.
+                        log.exception("request failed", method=request.method, path=request.path)
+                        raise ApiError(
+                            500, "internal", "internal error (see the daemon's log)"
+                        ) from None
                     await self.send_json(response.status, response.body)
                     _log_request(request, response.status, started)
             except ApiError as error:
                 await self._refuse(request, error, started)
                 if error.status == 413:
                     await self._discard_rest()
-                if self.conn.our_state is not h11.DONE or error.status in (400, 413):
+                if self.conn.our_state is not h11.DONE or error.status in (400, 408, 413, 500):
                     return  # the request was not read to its end: the connection is spent
             if self.conn.our_state is h11.MUST_CLOSE or self.conn.their_state is not h11.DONE:
                 return
@@ -399,7 +548,7 @@ class Connection:
         if self.conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             raise _ClientGone  # a response already started: nothing better to do than close
         body = {"error": {"code": error.code, "message": error.message}}
-        spent = error.status == 413 or self.conn.their_state is h11.ERROR
+        spent = error.status in (408, 413, 500) or self.conn.their_state is h11.ERROR
         await self.send_json(error.status, body, close=spent)
 
     async def _discard_rest(self) -> None:
@@ -480,8 +629,10 @@ def _after(request: Request) -> int | None:
     text = request.headers.get("last-event-id") or request.param("after")
     if text is None or text == "":
         return None
-    if not text.isdigit():
-        raise ApiError(400, "bad_after", f"after / Last-Event-ID must be a seq number: {text!r}")
+    # ASCII digits only: "²" passes str.isdigit() and then fails int().
+    if not (text.isascii() and text.isdigit()) or len(text) > _MAX_SEQ_DIGITS:
+        shown = text if len(text) <= 40 else text[:40] + "…"
+        raise ApiError(400, "bad_after", f"after / Last-Event-ID must be a seq number: {shown!r}")
     return int(text)
 
 
@@ -507,11 +658,17 @@ def peer_uid(stream: trio.SocketStream) -> int:
     return int(uid)
 
 
-async def handle_connection(h: Harness, stream: trio.SocketStream) -> None:
-    """Serve one connection; whatever happens here never reaches the listener."""
-    connection = Connection(h, stream)
-    try:
-        async with stream:
+async def handle_connection(
+    h: Harness, stream: trio.SocketStream, limits: Limits | None = None, gate: _Gate | None = None
+) -> None:
+    """Serve one connection; whatever happens here never reaches the listener.
+
+    The ``except`` sits inside ``async with stream``: outside it, the stream was closed
+    before the 500 could be sent and the client got no answer at all.
+    """
+    connection = Connection(h, stream, limits)
+    async with stream:
+        try:
             if peer_uid(stream) != os.getuid():
                 log.warning("peer refused: another user")
                 await connection.send_json(
@@ -520,15 +677,39 @@ async def handle_connection(h: Harness, stream: trio.SocketStream) -> None:
                     close=True,
                 )
                 return
-            await connection.serve()
-    except _ClientGone:
-        pass
-    except Exception:
-        log.exception("connection failed")
-        if connection.conn.our_state is h11.SEND_RESPONSE:
-            body = {"error": {"code": "internal", "message": "internal error (see the log)"}}
-            with suppress(_ClientGone, h11.LocalProtocolError):
-                await connection.send_json(500, body, close=True)
+            if gate is not None and gate.open >= gate.cap:
+                await _refuse_busy(connection, gate)
+                return
+            if gate is not None:
+                gate.open += 1
+            try:
+                await connection.serve()
+            finally:
+                if gate is not None:
+                    gate.open -= 1
+        except _ClientGone:
+            pass
+        except Exception:
+            log.exception("connection failed")
+            if connection.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+                body = {"error": {"code": "internal", "message": "internal error (see the log)"}}
+                with suppress(_ClientGone, h11.LocalProtocolError):
+                    await connection.send_json(500, body, close=True)
+
+
+async def _refuse_busy(connection: Connection, gate: _Gate) -> None:
+    """Past the cap: answer 503 and close at once, without waiting for the request, so
+    that a flood of connections holds each descriptor for microseconds only. (A Unix
+    socket's peer reads what was sent before the close, unread request or not.)"""
+    log.warning("connection refused: at the cap", open=gate.open, cap=gate.cap)
+    body = {
+        "error": {
+            "code": "too_many_connections",
+            "message": f"the daemon has {gate.cap} connections open; retry shortly",
+        }
+    }
+    with suppress(_ClientGone, h11.LocalProtocolError):
+        await connection.send_json(503, body, close=True)
 
 
 # --- the socket ----------------------------------------------------------------------------
@@ -596,23 +777,28 @@ async def serve(
     config: Config,
     socket_path: Path | None = None,
     *,
+    limits: Limits | None = None,
     task_status: trio.TaskStatus[tuple[Harness, Path]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the daemon until cancelled: the actor tree plus the listener on the socket."""
+    limits = limits or Limits()
+    gate = _Gate(limits.connection_cap())
     path = socket_path or config.socket_path
     listener = await open_listener(path)
     inode = path.lstat().st_ino
     try:
-        async with open_harness(config) as h, trio.open_nursery() as nursery:
+        holder = LockHolder("daemon", os.getpid(), str(path))
+        async with open_harness(config, holder=holder) as h, trio.open_nursery() as nursery:
 
             async def handler(stream: trio.SocketStream) -> None:
-                await handle_connection(h, stream)
+                await handle_connection(h, stream, limits, gate)
 
             await nursery.start(trio.serve_listeners, handler, [listener])
             log.info(
                 "daemon listening",
                 socket=str(path),
                 pid=os.getpid(),
+                max_connections=gate.cap,
                 model=config.model,
                 durability=config.durability,
             )

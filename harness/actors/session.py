@@ -64,7 +64,7 @@ from harness.providers import create_provider, split_model
 from harness.providers.base import Provider
 from harness.providers.errors import ProviderError
 from harness.providers.retry import RetryNotice, RetryPolicy
-from harness.storage.ledger import Ledger
+from harness.storage.ledger import Ledger, LedgerError
 from harness.tools.base import Tool
 from harness.tools.process import kill_orphans
 
@@ -194,6 +194,18 @@ def _root_cause(error: BaseException) -> BaseException:
     return error
 
 
+def _ledger_failure(error: BaseException) -> LedgerError | None:
+    """The ledger's failure somewhere in ``error`` (a full disk): no restart can help."""
+    if isinstance(error, LedgerError):
+        return error
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            found = _ledger_failure(inner)
+            if found is not None:
+                return found
+    return None
+
+
 def derive_title(text: str, limit: int = 50) -> str:
     """The first line of the first prompt, cut on a word boundary to ``limit`` characters."""
     line = " ".join(text.strip().splitlines()[0].split()) if text.strip() else ""
@@ -228,6 +240,7 @@ class SessionActor:
         self._wake = trio.Event()
         self._turn_scope: trio.CancelScope | None = None
         self._provider: Provider | None = None
+        self._provider_for: tuple[str, str | None] = ("", None)  # (model, base_url)
         self._restarts: deque[float] = deque()
         self._state: Session | None = None
         self._budget: Budget | None = None
@@ -316,6 +329,7 @@ class SessionActor:
             agent=item.agent or session.agent,
             model=item.model or session.model,
             delivery=item.delivery,
+            max_steps=item.max_steps,
             created=time.time(),
         )
         part = TextPart(
@@ -380,6 +394,11 @@ class SessionActor:
         log.warning("provider retry scheduled", attempt=notice.attempt, delay=notice.delay)
 
     async def _turn(self, item: InboxItem) -> None:
+        # Between turns the row may have been changed through the API (PATCH, refused
+        # while a turn runs or input waits): start each turn from the ledger's copy, once
+        # this actor's own last posts (a late title) have landed in it.
+        await self._ledger.flush()
+        self._state = None
         session = self._session()
         events = await self._take(item, session)
         claim = {"message_id": item.id, "session_id": self.session_id, "started": time.time()}
@@ -482,6 +501,9 @@ class SessionActor:
         result: TurnResult | None = None
         try:
             result = await self._supervised_turn(message_id)
+        except LedgerError as error:
+            await self._ledger_failed(message_id, error)
+            return
         finally:
             if result is None and self._parent_span is not None:
                 # A child dies with its parent's call: it is cancelled, not to be resumed.
@@ -513,6 +535,9 @@ class SessionActor:
                 # Building the provider failed (no key, unknown model): nothing to restart.
                 return await self._stopped(user_message_id, "error", str(error))
             except Exception as error:
+                failure = _ledger_failure(error)
+                if failure is not None:
+                    raise failure from None  # a rerun would fail the same way, tools and all
                 log.exception("runner crashed")
                 cause = _root_cause(error)
                 with trio.CancelScope(shield=True):
@@ -532,6 +557,27 @@ class SessionActor:
                     return TurnResult(user_message_id, "error", "", reason)
             finally:
                 self._turn_scope = None
+
+    async def _ledger_failed(self, message_id: str, error: LedgerError) -> None:
+        """The ledger cannot be written (a full disk): stop the turn, writing nothing.
+
+        The turn's claim stays in the ledger, so the turn is resumed, from what was
+        committed, when the session is woken again (a prompt, once there is space) or the
+        harness restarts. Whoever follows the turn hears that it ended from a live-only
+        ``turn.finished`` event, which needs no disk.
+        """
+        log.error("turn stopped: the ledger cannot be written", error=str(error))
+        self._state = None  # what this actor posted may not have landed
+        result = TurnResult(message_id, "error", "", str(error))
+        event = Event(None, time.time(), "turn.finished", self.session_id, result.to_dict())
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await self._services.feed.send(Publish((event,)))
+        if self._parent_span is not None:
+            raise error  # a child's failure is its parent's call's failure
+        await self._wake.wait()
+        self._wake = trio.Event()
+        for _, claimed, resumes in self._ledger.claimed_turns(self.session_id):
+            await self._resume(claimed, resumes)
 
     def _may_restart(self) -> bool:
         config = self._services.config
@@ -555,13 +601,22 @@ class SessionActor:
         config = services.config
         session = self._session()
         agent = get_agent(session.agent)
+        base_url = session.base_url or config.base_url
+        if self._provider is not None and self._provider_for != (session.model, base_url):
+            # The session's model or server changed since the last turn: a new client.
+            with trio.CancelScope(shield=True):
+                await self._provider.aclose()
+            self._provider = None
         if self._provider is None:
             factory = config.provider_factory
             self._provider = (
                 factory(session.model)
                 if factory is not None
-                else create_provider(session.model, base_url=config.base_url, record=config.record)
+                else create_provider(session.model, base_url=base_url, record=config.record)
             )
+            self._provider_for = (session.model, base_url)
+        user_message = self._ledger.user_message(user_message_id)
+        turn_steps = user_message.max_steps if user_message is not None else None
         _, model_name = split_model(session.model)
         layers = (services.rules_of(session), *self._lineage.ceilings)
         hidden = set().union(*(disabled_tools(services.tools, rules) for rules in layers))
@@ -589,7 +644,7 @@ class SessionActor:
             system=[block.text for block in self._system],
             system_sources=[block.source for block in self._system],
             tool_specs=[services.tool_specs[name] for name in tools],
-            max_steps=config.max_steps or agent.steps,
+            max_steps=turn_steps or config.max_steps or agent.steps,
             ledger_history=history,
             ledger_post=self._ledger.post,
             ledger_flush=self._ledger.flush,

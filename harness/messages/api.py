@@ -1,47 +1,114 @@
 """Request bodies of the daemon API (DESIGN §9), validated at the socket.
 
 Unknown fields are refused, so a typo (``"delivry"``) is a 422 naming the field rather
-than a silently ignored setting.
+than a silently ignored setting. Every free-text field has a cap (the ``MAX_*`` below, in
+README's API section): one client's 9 MB title would otherwise be in every answer of
+``GET /v1/sessions`` from then on.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import Annotated
 
-from harness.messages.model import Delivery, Rule
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from harness.messages.model import Delivery, PermissionAction, Rule
 from harness.messages.permission import Reply
+
+MAX_TITLE = 200  # characters
+MAX_PATH_BYTES = 4096  # PATH_MAX: the kernel refuses a longer path (ENAMETOOLONG)
+MAX_MODEL = MAX_PATH_BYTES + 64  # a scripted:/replay: model carries a file path
+MAX_NAME = 64  # an agent's name, a rule's permission
+MAX_URL = 2048
+MAX_PROMPT = 1_000_000  # characters: a pasted file fits; the body cap is 10 MB
+MAX_ID = 200  # a client-chosen message id
+MAX_RULES = 256
+MAX_PATTERN = 4096
+MAX_MESSAGE = 100_000  # feedback the model reads with a rejection
+MAX_STEPS = 10_000
+MAX_ANSWERS = 64  # questions in one set, and answers to one question
+MAX_ANSWER = 10_000
+
+
+def _path_fits(value: str) -> str:
+    # PATH_MAX counts bytes, not characters; a lone surrogate cannot be a path at all.
+    if len(value.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
+        raise ValueError(f"a directory is at most {MAX_PATH_BYTES} bytes (PATH_MAX)")
+    if "\x00" in value:
+        raise ValueError("a directory cannot hold a NUL character")
+    return value
+
+
+Directory = Annotated[str, Field(min_length=1), AfterValidator(_path_fits)]
+MessageId = Annotated[str, Field(min_length=1, max_length=MAX_ID, pattern=r"^[A-Za-z0-9_\-]+$")]
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+class ApiRule(_Body):
+    """A permission rule as a client sends it: ``Rule`` with sizes capped."""
+
+    permission: str = Field(min_length=1, max_length=MAX_NAME)
+    pattern: str = Field(default="*", min_length=1, max_length=MAX_PATTERN)
+    action: PermissionAction
+
+    def rule(self) -> Rule:
+        return Rule.model_validate(self.model_dump())
+
+
 class CreateSessionBody(_Body):
-    directory: str | None = None
-    model: str | None = None
-    agent: str | None = None
-    title: str = ""
-    permission: list[Rule] = Field(default_factory=list)
+    directory: Directory | None = None
+    model: str | None = Field(default=None, min_length=1, max_length=MAX_MODEL)
+    base_url: str | None = Field(default=None, min_length=1, max_length=MAX_URL)
+    agent: str | None = Field(default=None, min_length=1, max_length=MAX_NAME)
+    title: str = Field(default="", max_length=MAX_TITLE)
+    permission: list[ApiRule] = Field(default_factory=list, max_length=MAX_RULES)
+
+    def rules(self) -> list[Rule]:
+        return [rule.rule() for rule in self.permission]
+
+
+class UpdateSessionBody(_Body):
+    """``PATCH /v1/sessions/{id}``: the settings a later turn uses; omitted ones stay.
+
+    ``permission`` adds rules after the session's own (the last matching rule wins, so
+    they take precedence); ``base_url`` replaces the provider's server (null: back to
+    the daemon's).
+    """
+
+    title: str | None = Field(default=None, max_length=MAX_TITLE)
+    permission: list[ApiRule] = Field(default_factory=list, max_length=MAX_RULES)
+    base_url: str | None = Field(default=None, min_length=1, max_length=MAX_URL)
+
+    def rules(self) -> list[Rule]:
+        return [rule.rule() for rule in self.permission]
 
 
 class RevertBody(_Body):
     """``POST /v1/sessions/{id}/revert``: put the workspace back as before this message."""
 
-    message_id: str = Field(min_length=1, max_length=200)
+    message_id: str = Field(min_length=1, max_length=MAX_ID)
 
 
 class PromptBody(_Body):
-    text: str = Field(min_length=1)
+    text: str = Field(min_length=1, max_length=MAX_PROMPT)
     delivery: Delivery = "queue"
-    message_id: str | None = Field(default=None, min_length=1, max_length=200)
+    message_id: MessageId | None = None
+    # This turn only: stop after N model steps (reason max_steps), as `run --max-steps`.
+    max_steps: int | None = Field(default=None, ge=1, le=MAX_STEPS)
 
 
 class PermissionReplyBody(_Body):
     reply: Reply
-    message: str | None = None
+    message: str | None = Field(default=None, max_length=MAX_MESSAGE)
     # A client with nobody to ask rejects on their behalf: the record then says so, with
     # the flag that would allow the call, as an embedded run's record does.
     no_terminal: bool = False
+
+
+Answer = Annotated[str, Field(max_length=MAX_ANSWER)]
 
 
 class QuestionReplyBody(_Body):
@@ -51,9 +118,11 @@ class QuestionReplyBody(_Body):
     stops the turn, like a rejected permission.
     """
 
-    answers: list[list[str]] | None = None
+    answers: (
+        list[Annotated[list[Answer], Field(max_length=MAX_ANSWERS)]] | None
+    ) = Field(default=None, max_length=MAX_ANSWERS)
     reject: bool = False
-    message: str | None = None
+    message: str | None = Field(default=None, max_length=MAX_MESSAGE)
 
     @model_validator(mode="after")
     def _one_of(self) -> QuestionReplyBody:

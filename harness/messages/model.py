@@ -55,6 +55,7 @@ class Session(_Model):
     directory: str
     agent: str = "build"
     model: str
+    base_url: str | None = None  # the provider's server; None: the harness's setting
     status: SessionStatus = "idle"
     permission: list[Rule] = Field(default_factory=list)
     created: float
@@ -72,6 +73,7 @@ class UserMessage(_Model):
     model: str
     delivery: Delivery = "queue"
     synthetic: bool = False  # written by the harness (a restart note), not typed by a user
+    max_steps: int | None = None  # this turn's step limit, when the prompt set one
     created: float
 
 
@@ -255,4 +257,5 @@ class InboxItem(_Model):
     delivery: Delivery = "queue"
     agent: str | None = None
     model: str | None = None
+    max_steps: int | None = None  # this turn only (`run --max-steps`); None: the agent's
     created: float

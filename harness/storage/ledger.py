@@ -15,6 +15,7 @@ also survives a power loss, at the price of an fsync per batch.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import time
@@ -23,8 +24,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import quote
 
 import apsw
+import structlog
 import trio
 from pydantic import TypeAdapter
 
@@ -38,7 +41,9 @@ from harness.messages.model import (
     Part,
     Rule,
     Session,
+    TextPart,
     ToolPart,
+    UserMessage,
 )
 from harness.messages.names import shown_data
 from harness.messages.todo import Todo
@@ -46,6 +51,8 @@ from harness.private import FILE_MODE, private_dir, private_file, tighten
 from harness.secrets import has_secrets, redact
 from harness.storage.projections import PROJECTIONS
 from harness.storage.schema import MIGRATIONS, SCHEMA_VERSION
+
+log = structlog.get_logger("harness.ledger")
 
 Durability = Literal["normal", "full"]
 
@@ -72,20 +79,39 @@ def _encodable(text: str) -> bool:
 
 class Ledger:
     def __init__(
-        self, path: Path, *, durability: Durability = "normal", post_delay: float = 0.002
+        self,
+        path: Path,
+        *,
+        durability: Durability = "normal",
+        post_delay: float = 0.002,
+        read_only: bool = False,
     ) -> None:
+        """Open (and migrate) the ledger; ``read_only`` for the commands that only read:
+        they then work on a read-only file or filesystem and can never change the file."""
         self.path = path
         self.durability = durability
         self.post_delay = post_delay  # how long a fire-and-forget write may wait for company
-        private_dir(path.parent)
-        # SQLite gives the -wal and -shm files the mode of the database file: 0600 too.
-        private_file(path)
+        self.read_only = read_only
+        # Set by a commit that found the disk full: every later write fails with it until
+        # ``recover``, so nothing lands after a lost post and the ledger stays as of its
+        # last good commit.
+        self.failure: LedgerError | None = None
         try:
-            self._write = self._connect(path)
-            self._migrate(self._write)
-            self._read = self._connect(path)
-            for suffix in ("-wal", "-shm"):  # made by an older, looser harness
-                tighten(path.with_name(path.name + suffix), FILE_MODE)
+            if read_only:
+                self._read = self._write = self._connect_read_only(path)
+            else:
+                private_dir(path.parent)
+                # SQLite gives the -wal and -shm files the mode of the database file: 0600.
+                private_file(path)
+                self._write = self._connect(path)
+                self._migrate(self._write)
+                self._read = self._connect(path)
+                for suffix in ("-wal", "-shm"):  # made by an older, looser harness
+                    tighten(path.with_name(path.name + suffix), FILE_MODE)
+        except OSError as error:
+            raise LedgerError(
+                f"cannot open the ledger at {path}: {error.strerror or error}"
+            ) from error
         except apsw.Error as error:
             # Never "repair" by recreating: the file may hold someone's only record.
             raise LedgerError(
@@ -107,6 +133,30 @@ class Ledger:
         return conn
 
     @staticmethod
+    def _connect_read_only(path: Path) -> apsw.Connection:
+        if not path.is_file():
+            raise LedgerError(f"no ledger at {path}")
+        try:
+            conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+            conn.setbusytimeout(5000)
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchall()
+        except apsw.CantOpenError:
+            # A WAL ledger on a read-only filesystem: no -shm can be made, so no writer
+            # can be running either, and the file may be read as immutable.
+            uri = f"file:{quote(str(path.resolve()))}?immutable=1"
+            conn = apsw.Connection(uri, flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI)
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchall()
+        version = int(str(conn.execute("PRAGMA user_version").fetchall()[0][0]))
+        if version != SCHEMA_VERSION:
+            conn.close()
+            fix = "upgrade harness" if version > SCHEMA_VERSION else "run harness to migrate it"
+            raise LedgerError(
+                f"the ledger at {path} has schema version {version} and this harness reads "
+                f"{SCHEMA_VERSION}: {fix}"
+            )
+        return conn
+
+    @staticmethod
     def _migrate(conn: apsw.Connection) -> None:
         version = int(str(conn.execute("PRAGMA user_version").fetchall()[0][0]))
         if version > SCHEMA_VERSION:
@@ -123,7 +173,8 @@ class Ledger:
     def close(self) -> None:
         self._mailbox_send.close()
         self._read.close()
-        self._write.close()
+        if self._write is not self._read:
+            self._write.close()
 
     # --- writing ---------------------------------------------------------------------------
 
@@ -164,17 +215,37 @@ class Ledger:
                 with trio.CancelScope(shield=True):
                     await self._commit_and_answer(batch, feed)
 
+    def recover(self) -> None:
+        """Accept writes again after a failure (new input: there may be space now)."""
+        self.failure = None
+
     async def _commit_and_answer(
         self, batch: list[WriteEvents], feed: trio.MemorySendChannel[FeedMessage] | None
     ) -> None:
+        if self.failure is not None:
+            for request in batch:
+                if request.reply is not None:
+                    request.reply.send_nowait(self.failure)
+            return
         try:
             committed = await trio.to_thread.run_sync(self._commit, batch)
         except Exception as error:
             failure = LedgerError(f"ledger write failed: {error}")
+            if _disk_full(error):
+                # The transaction rolled back whole: the ledger holds what it held.
+                failure = LedgerError(
+                    f"disk full: a ledger write failed ({error}); the ledger at {self.path} "
+                    "is intact: free some space and run again to resume"
+                )
             for request in batch:
                 if request.reply is not None:
                     request.reply.send_nowait(failure)
-            if not any(request.reply is not None for request in batch):
+            if _disk_full(error):
+                # The writer lives on (a dead one would leave shielded waiters waiting
+                # for good): the failure goes to every later write, posts dropped.
+                self.failure = failure
+                log.error("ledger write failed: disk full", error=str(error))
+            elif not any(request.reply is not None for request in batch):
                 raise failure from error
             return
         published: list[Event] = []
@@ -339,6 +410,33 @@ class Ledger:
         )
         return bool(rows)
 
+    def prompt_origin(self, message_id: str) -> tuple[str, str] | None:
+        """The session and text a message id was first prompted with, or None if unused.
+
+        A queued input still holds its text; a taken one is the user message's first
+        text part (the prompt, verbatim).
+        """
+        rows = self._rows("SELECT session_id, data FROM inbox WHERE id = ?", (message_id,))
+        if rows:
+            return rows[0][0], InboxItem.model_validate_json(rows[0][1]).text
+        rows = self._rows(
+            "SELECT m.session_id, p.data FROM messages m LEFT JOIN parts p"
+            " ON p.message_id = m.id AND p.type = 'text' WHERE m.id = ? AND m.role = 'user'"
+            " ORDER BY p.id LIMIT 1",
+            (message_id,),
+        )
+        if not rows:
+            return None
+        part = _PART.validate_json(rows[0][1]) if rows[0][1] else None
+        return rows[0][0], part.text if isinstance(part, TextPart) else ""
+
+    def user_message(self, message_id: str) -> UserMessage | None:
+        rows = self._rows(
+            "SELECT data FROM messages WHERE id = ? AND role = 'user'", (message_id,)
+        )
+        message = _MESSAGE.validate_json(rows[0][0]) if rows else None
+        return message if isinstance(message, UserMessage) else None
+
     def open_tool_parts(self, session_id: str) -> list[ToolPart]:
         rows = self._rows(
             "SELECT data FROM parts WHERE session_id = ? AND type = 'tool'"
@@ -439,6 +537,12 @@ class FileChangeRow:
     before: str | None
     after: str | None
     done: bool
+
+
+def _disk_full(error: BaseException) -> bool:
+    if isinstance(error, apsw.FullError):
+        return True
+    return isinstance(error, OSError) and error.errno == errno.ENOSPC
 
 
 def _store_blob(conn: apsw.Connection, digest: str, data: bytes) -> None:
