@@ -16,6 +16,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from pydantic import BaseModel
+
 EventType = Literal[
     # durable: each one is applied to a projection table (see storage/projections.py)
     "session.created",
@@ -59,6 +61,11 @@ class NewEvent:
     type: EventType
     session_id: str
     data: dict[str, Any]
+
+    @classmethod
+    def of(cls, kind: EventType, session_id: str, model: BaseModel) -> NewEvent:
+        """The event that records ``model`` (a session, message, part…) as JSON."""
+        return cls(kind, session_id, model.model_dump(mode="json"))
 
 
 @dataclass(slots=True, frozen=True)

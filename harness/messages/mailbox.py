@@ -8,8 +8,9 @@ the answer on the floor instead of leaving anybody blocked.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import trio
 
@@ -22,6 +23,20 @@ from harness.messages.permission import (
     Reply,
 )
 from harness.messages.question import Answers, QuestionInfo, QuestionOutcome, QuestionRequest
+
+Request = TypeVar("Request")
+Answer = TypeVar("Answer")
+
+
+async def ask(
+    mailbox: trio.MemorySendChannel[Request],
+    request: Callable[[trio.MemorySendChannel[Answer]], Request],
+) -> Answer:
+    """Send ``request(reply)`` to an actor and wait for its one answer on ``reply``."""
+    reply_send, reply_receive = trio.open_memory_channel[Answer](1)
+    await mailbox.send(request(reply_send))
+    return await reply_receive.receive()
+
 
 # --- ledger writer -------------------------------------------------------------------------
 
