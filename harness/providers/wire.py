@@ -1,0 +1,141 @@
+"""Request bodies whose cost per step does not grow with the history (issue 14).
+
+A request carries the whole history, but the history only grows: each message's wire
+JSON is made (and checked by the provider's models) once, and a step joins the fragments
+it already has into the body. The cache key is the provider-neutral message itself
+(``UserTurn``, ``AssistantTurn``, ``ToolResult``, or ``SystemText``): frozen dataclasses,
+compared by value, and ``History`` hands out the same objects step after step, so a look-up
+is an identity hit. Keying by value rather than by message id means a stale fragment
+cannot exist: an edited message is a different key. This is sound because a provider's
+``encode_message`` is a pure function of the message (its tool-call id normalization
+included: a fixed mapping from each raw id, so an id maps the same in every request of
+the history).
+
+The envelope (model, tools, options, and where the messages go) is made once per distinct
+set of options by encoding the provider's whole request around one sentinel message and
+splitting at that message's fragment, so the bytes are exactly what encoding the whole
+request at once would give.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from harness.messages.provider import ChatMessage, ProviderRequest, ToolSpec
+
+
+@dataclass(slots=True, frozen=True)
+class SystemText:
+    """The one system message (the request's system blocks joined), as a cache key."""
+
+    text: str
+
+
+WireMessage = ChatMessage | SystemText
+
+
+def system_text(request: ProviderRequest) -> SystemText | None:
+    # One system message: several are accepted by the API but not by every model template.
+    text = "\n\n".join(s for s in request.system if s)
+    return SystemText(text) if text else None
+
+
+@dataclass(slots=True, frozen=True)
+class _EnvelopeKey:
+    model: str
+    tool_choice: str
+    max_tokens: int | None
+    temperature: float | None
+    tools_id: int  # identity of the request's tools tuple (tool schemas are unhashable dicts)
+
+
+@dataclass(slots=True)
+class _Envelope:
+    tools: tuple[ToolSpec, ...]  # held, so that ``tools_id`` cannot be reused meanwhile
+    head: bytes  # the body up to the first message
+    tail: bytes  # from after the last message to the end
+
+
+class WireCache:
+    """One provider's cache of message fragments and request envelopes.
+
+    ``encode_message`` gives a message's wire JSON (validated by the provider's own models),
+    empty for a message the provider leaves out;
+    ``encode_whole(request, messages)`` encodes a whole body around a list of already-encoded
+    stand-ins (used once per envelope, with a sentinel); ``separator`` is what the provider's
+    serializer puts between two items of a list.
+
+    Only the fragments the latest request used are kept, so a message that left the view
+    (pruned, summarized) is dropped; retries and the next step reuse everything else.
+    """
+
+    def __init__(
+        self,
+        encode_message: Callable[[WireMessage], bytes],
+        encode_whole: Callable[[ProviderRequest, list[Any]], bytes],
+        sentinel_message: Callable[[str], Any],
+        *,
+        separator: bytes = b",",
+    ) -> None:
+        self._encode_message = encode_message
+        self._encode_whole = encode_whole
+        self._sentinel_message = sentinel_message
+        self._separator = separator
+        self._fragments: dict[WireMessage, bytes] = {}
+        self._envelopes: dict[_EnvelopeKey, _Envelope] = {}
+        self.encoded = 0  # messages encoded so far: what a test can hold flat
+
+    def body(self, request: ProviderRequest) -> bytes:
+        envelope = self._envelope(request)
+        system = system_text(request)
+        messages: list[WireMessage] = [system] if system is not None else []
+        messages.extend(request.messages)
+        old = self._fragments
+        fresh: dict[WireMessage, bytes] = {}
+        fragments: list[bytes] = []
+        for message in messages:
+            fragment = fresh.get(message)
+            if fragment is None:
+                fragment = old.get(message)
+                if fragment is None:
+                    fragment = self._encode_message(message)
+                    self.encoded += 1
+                fresh[message] = fragment
+            if fragment:  # empty: a message this provider never sends
+                fragments.append(fragment)
+        self._fragments = fresh
+        return b"".join((envelope.head, self._separator.join(fragments), envelope.tail))
+
+    def _envelope(self, request: ProviderRequest) -> _Envelope:
+        key = _EnvelopeKey(
+            request.model,
+            request.tool_choice,
+            request.max_tokens,
+            request.temperature,
+            id(request.tools),
+        )
+        envelope = self._envelopes.get(key)
+        if envelope is not None and envelope.tools is request.tools:
+            return envelope
+        marker = f"harness-sentinel-{secrets.token_hex(16)}"
+        standin = self._sentinel_message(marker)
+        whole = self._encode_whole(request, [standin])
+        fragment = self._encode_message(SystemText(marker))
+        # The stand-in is encoded as a system message, like SystemText: its bytes are known.
+        head, found, tail = whole.partition(fragment)
+        if not found or fragment in tail:
+            raise AssertionError("the request envelope does not hold its sentinel message once")
+        envelope = _Envelope(request.tools, head, tail)
+        # The runner keeps two tool sets (all tools, and none on a final step): a handful of
+        # envelopes is all a session needs, so drop them all should options keep changing.
+        if len(self._envelopes) >= 8:
+            self._envelopes.clear()
+        self._envelopes[key] = envelope
+        return envelope
+
+    def clear(self) -> None:
+        self._fragments.clear()
+        self._envelopes.clear()

@@ -1,0 +1,172 @@
+"""Request bodies whose cost does not grow with the history (issue 14).
+
+Through the real harness and provider against the local wire server: within a turn, the
+body of step N+1 holds the messages of step N's body byte for byte, then the new ones;
+every Mistral body validates as the SDK's ``ChatCompletionStreamRequest``; and each
+history message is built as an SDK model once, not once per step.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mistralai.client.models import ChatCompletionStreamRequest, ToolMessage
+from wire_server import Reply, chunk, wire_server
+
+from harness import Config, open_harness
+from harness.messages.provider import (
+    AssistantTurn,
+    ProviderRequest,
+    ToolCall,
+    ToolResult,
+    ToolSpec,
+    UserTurn,
+)
+from harness.providers import mistral, openai
+
+USAGE = {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}
+STEPS = 6
+# Ids the Mistral provider must normalize (too long, punctuation) and ones it keeps.
+CALL_IDS = ["call_1", "AbC123xYz", "toolu_01ABCDEF-ghij", "Zz9Zz9Zz9", "call_5", "x"]
+
+
+def _step(index: int) -> Reply:
+    call = {
+        "id": CALL_IDS[index],
+        "type": "function",
+        "function": {
+            "name": "read",
+            "arguments": json.dumps({"path": "notes.txt" if index % 2 else "package.json"}),
+        },
+        "index": 0,
+    }
+    # Some steps say something before calling, so assistant messages carry text too.
+    text = [chunk(f"step {index} ✓ ")] if index % 3 == 0 else []
+    return Reply(events=[*text, chunk(tool_calls=[call]), chunk(finish="tool_calls", usage=USAGE)])
+
+
+def _answer() -> Reply:
+    return Reply(events=[chunk("All read."), chunk(finish="stop", usage=USAGE)])
+
+
+def messages_of(body: bytes) -> tuple[str, list[str], str]:
+    """(text before the first message, each message's raw JSON text, text after the last).
+
+    The raw texts are cut from the body itself, so comparing them compares bytes.
+    """
+    text = body.decode("utf-8")
+    found = re.search(r'"messages": ?\[', text)
+    assert found is not None
+    decoder = json.JSONDecoder()
+    position = found.end()
+    raw: list[str] = []
+    while text[position] != "]":
+        _, end = decoder.raw_decode(text, position)
+        raw.append(text[position:end])
+        position = end
+        if text[position] == ",":
+            position += 1
+            while text[position] == " ":
+                position += 1
+    return text[: found.end()], raw, text[position:]
+
+
+async def _run_turn(tmp_path: Path, project: Path, model: str) -> list[bytes]:
+    replies = [_step(i) for i in range(STEPS)] + [_answer()]
+    async with wire_server(*replies) as server:
+        config = Config(home=tmp_path / "home", model=model, base_url=server.url)
+        async with open_harness(config) as h:
+            session = await h.create_session(project)
+            result = await h.run(session.id, "read the files, then answer")
+    assert result.reason == "answered" and result.answer == "All read."
+    return [r.body for r in server.requests]
+
+
+@pytest.mark.parametrize("model", ["mistral/devstral-medium-latest", "openai/qwen2.5-coder"])
+async def test_each_step_body_holds_the_previous_one_byte_for_byte_plus_the_new_messages(
+    tmp_path: Path, project: Path, monkeypatch: pytest.MonkeyPatch, model: str
+) -> None:
+    monkeypatch.setenv("MISTRAL_API_KEY", "test-key")
+    bodies = await _run_turn(tmp_path, project, model)
+    assert len(bodies) == STEPS + 1
+    split = [messages_of(body) for body in bodies]
+    for (head, before, tail), (next_head, after, next_tail) in pairwise(split):
+        assert next_head == head and next_tail == tail  # same model, tools and options
+        assert after[: len(before)] == before
+        # Each step adds its assistant message and its tool result.
+        assert len(after) == len(before) + 2
+    if model.startswith("mistral/"):
+        for body in bodies:
+            request = ChatCompletionStreamRequest.model_validate_json(body)
+            ids = [
+                call.id
+                for message in request.messages
+                if message.role == "assistant" and isinstance(message.tool_calls, list)
+                for call in message.tool_calls
+            ]
+            results = [m.tool_call_id for m in request.messages if m.role == "tool"]
+            assert ids == results
+            assert all(isinstance(i, str) and re.fullmatch(r"[A-Za-z0-9]{9}", i) for i in ids)
+        last = ChatCompletionStreamRequest.model_validate_json(bodies[-1])
+        assert [m.role for m in last.messages] == ["system", "user"] + ["assistant", "tool"] * STEPS
+
+
+async def test_each_history_message_is_built_as_an_sdk_model_once(
+    tmp_path: Path, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MISTRAL_API_KEY", "test-key")
+    built: list[str] = []
+
+    class CountedToolMessage(ToolMessage):
+        def __init__(self, **data: Any) -> None:
+            built.append(str(data.get("tool_call_id")))
+            super().__init__(**data)
+
+    monkeypatch.setattr(mistral, "ToolMessage", CountedToolMessage)
+    bodies = await _run_turn(tmp_path, project, "mistral/devstral-medium-latest")
+    # Six tool results, each built (and validated) once: not 1 + 2 + … + 6 times.
+    assert len(built) == STEPS
+    assert len(set(built)) == STEPS
+    assert ChatCompletionStreamRequest.model_validate_json(bodies[-1]).messages[-1].role == "tool"
+
+
+TOOLS = tuple(
+    ToolSpec(name, f'The {name} tool, "quoted" é', {"type": "object", "properties": {}})
+    for name in ("read", "bash")
+)
+HISTORY = (
+    UserTurn("héllo ✓ \u2028 \x00 </script>"),
+    AssistantTurn("", (ToolCall("cal_0001xyz", "read", '{"path": "a"}'),)),
+    ToolResult("cal_0001xyz", "read", "contents\n"),
+    AssistantTurn(""),  # cancelled before any output: never sent
+    AssistantTurn("thinking", (ToolCall("abcDEF123", "bash", ""),)),
+    ToolResult("abcDEF123", "bash", "failed", is_error=True),
+    AssistantTurn("done"),
+    UserTurn("héllo ✓ \u2028 \x00 </script>"),  # the same message twice
+)
+
+
+@pytest.mark.parametrize("provider", [mistral, openai], ids=["mistral", "openai"])
+def test_cached_bodies_are_the_bytes_of_encoding_the_whole_request(provider: Any) -> None:
+    cache = provider.request_cache()
+    requests = []
+    for length in range(len(HISTORY) + 1):
+        for options in ({}, {"max_tokens": 5, "temperature": 0.2}):
+            for tools, choice in ((TOOLS, "auto"), ((), "none")):
+                for system in ((), ("system a", "", "system b")):
+                    history = HISTORY[:length]
+                    requests.append(
+                        ProviderRequest("devstral", system, history, tools, choice, **options)
+                    )
+    # A pruned view replaces an old tool output, then the full view comes back.
+    pruned = (*HISTORY[:2], ToolResult("cal_0001xyz", "read", "[pruned]"), *HISTORY[3:])
+    requests += [ProviderRequest("devstral", ("s",), pruned, TOOLS), requests[-1]]
+    for request in requests:
+        assert cache.body(request) == provider.encode_request(request)
+        if provider is mistral:
+            ChatCompletionStreamRequest.model_validate_json(cache.body(request))
