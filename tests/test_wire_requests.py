@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import json
 import re
+import ssl
+import subprocess
+import sys
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from mistralai.client.models import ChatCompletionStreamRequest, ToolMessage
 from wire_server import Reply, chunk, wire_server
@@ -28,6 +32,7 @@ from harness.messages.provider import (
     UserTurn,
 )
 from harness.providers import mistral, openai
+from harness.providers.sse import new_client
 
 USAGE = {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}
 STEPS = 6
@@ -170,3 +175,51 @@ def test_cached_bodies_are_the_bytes_of_encoding_the_whole_request(provider: Any
         assert cache.body(request) == provider.encode_request(request)
         if provider is mistral:
             ChatCompletionStreamRequest.model_validate_json(cache.body(request))
+
+
+_AFTERWARDS = """
+import sys
+import harness.providers.mistral as ours
+assert "mistralai.client.sdk" not in sys.modules, "the SDK's client was imported"
+assert "mistralai.client" not in sys.modules, "the stand-in package was left behind"
+from mistralai.client import Mistral  # the real package, its __init__ run now
+import mistralai.client.models as models
+assert models.ChatCompletionStreamRequest is ours.ChatCompletionStreamRequest
+assert models.CompletionChunk is ours.CompletionChunk
+client = Mistral(api_key="x")
+assert client.chat is not None
+print("ok")
+"""
+
+_BEFORE = """
+import sys
+from mistralai.client import Mistral
+import harness.providers.mistral as ours
+import mistralai.client.models as models
+assert models.ToolMessage is ours.ToolMessage
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("probe", [_AFTERWARDS, _BEFORE], ids=["sdk-after", "sdk-before"])
+def test_the_provider_loads_only_the_sdk_models_and_the_full_sdk_still_works(probe: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+async def test_a_plain_http_client_loads_no_certificates_and_still_verifies_tls() -> None:
+    plain = new_client("http://127.0.0.1:9", httpx.Timeout(5.0), None)
+    secure = new_client("https://api.mistral.ai", httpx.Timeout(5.0), None)
+    try:
+        context = plain._transport._pool._ssl_context  # type: ignore[attr-defined]
+        assert context.cert_store_stats()["x509_ca"] == 0
+        # Nothing is trusted rather than everything: an https server would be refused.
+        assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
+        full = secure._transport._pool._ssl_context  # type: ignore[attr-defined]
+        assert full.cert_store_stats()["x509_ca"] > 0
+    finally:
+        await plain.aclose()
+        await secure.aclose()

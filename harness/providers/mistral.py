@@ -3,7 +3,8 @@
 The SDK supplies the request and chunk models only. Its own ``stream_async`` is
 asyncio-only (it fails under Trio) and parses chunks about 14x slower, so the stream is
 read over a Trio-native httpx client and each ``data:`` line is validated directly with
-``CompletionChunk``. The registry imports this module lazily: the SDK costs ~0.3-0.5 s.
+``CompletionChunk``. The registry imports this module lazily, and only the SDK's models
+are loaded, not its client (``sdk_models``): ~0.1 s instead of ~0.2 s.
 """
 
 from __future__ import annotations
@@ -19,22 +20,6 @@ from typing import Any
 
 import httpx
 import pydantic
-from mistralai.client.models import (
-    AssistantMessage,
-    ChatCompletionStreamRequest,
-    CompletionChunk,
-    Function,
-    FunctionCall,
-    SystemMessage,
-    TextChunk,
-    ThinkChunk,
-    Tool,
-    ToolCall,
-    ToolMessage,
-    UsageInfo,
-    UserMessage,
-)
-from mistralai.client.types import UNSET
 
 from harness.messages.model import Tokens
 from harness.messages.provider import (
@@ -49,15 +34,35 @@ from harness.messages.provider import (
 )
 from harness.providers.errors import AuthError, ProviderError, TruncatedStreamError
 from harness.providers.pricing import DEFAULT_PRICES, PriceTable
+from harness.providers.sdk_models import models_without_the_client
 from harness.providers.sse import (
     ToolCallAssembler,
     error_for_body,
     error_for_transport,
     message_of,
+    new_client,
     open_stream,
     sse_data,
 )
 from harness.providers.wire import SystemText, WireCache, WireMessage, system_text
+
+with models_without_the_client():  # the models only: not the SDK's client (see there)
+    from mistralai.client.models import (
+        AssistantMessage,
+        ChatCompletionStreamRequest,
+        CompletionChunk,
+        Function,
+        FunctionCall,
+        SystemMessage,
+        TextChunk,
+        ThinkChunk,
+        Tool,
+        ToolCall,
+        ToolMessage,
+        UsageInfo,
+        UserMessage,
+    )
+    from mistralai.client.types import UNSET
 
 DEFAULT_BASE_URL = "https://api.mistral.ai"
 KEY_ENV = "MISTRAL_API_KEY"
@@ -306,7 +311,7 @@ class MistralProvider:
         self._client = (
             http_client
             if http_client is not None
-            else httpx.AsyncClient(timeout=TIMEOUT, transport=transport)
+            else new_client(self.url, TIMEOUT, transport)
         )
         self._prices = prices if prices is not None else DEFAULT_PRICES
         self._requests = request_cache()
