@@ -33,6 +33,7 @@ from harness.providers.sse import (
     error_for_body,
     error_for_transport,
     message_of,
+    new_client,
     open_stream,
     sse_data,
 )
@@ -253,7 +254,7 @@ class OpenAIProvider:
         self._client = (
             http_client
             if http_client is not None
-            else httpx.AsyncClient(timeout=TIMEOUT, transport=transport)
+            else new_client(self.url, TIMEOUT, transport)
         )
         self._prices = prices if prices is not None else PriceTable()
         self._requests = request_cache()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import email.utils
 import json
 import re
+import ssl
 import time
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from contextlib import asynccontextmanager
@@ -226,6 +227,24 @@ def error_for_transport(
     if isinstance(exc, httpx.UnsupportedProtocol | httpx.InvalidURL):
         return BadRequestError(f"{provider}: bad base URL: {detail}")
     return RetryableError(f"{provider}: connection failed: {detail}")
+
+
+def new_client(
+    url: str, timeout: httpx.Timeout, transport: httpx.AsyncBaseTransport | None
+) -> httpx.AsyncClient:
+    """The provider's HTTP client, without a certificate store where no TLS can happen.
+
+    httpx loads the whole CA bundle into a TLS context when a client is made (about 30 ms
+    and 1.5 MB of start-up); a plain ``http://`` server (a local model, a test server) never
+    needs it, since redirects are not followed. It gets a client-side context with no CA
+    at all instead: still verifying, so an ``https`` URL reached through it would fail
+    rather than go unchecked.
+    """
+    if url.startswith("http://"):
+        return httpx.AsyncClient(
+            timeout=timeout, transport=transport, verify=ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        )
+    return httpx.AsyncClient(timeout=timeout, transport=transport)
 
 
 @asynccontextmanager
