@@ -707,8 +707,16 @@ def print_table(rows: Sequence[tuple[str, str, str, bool]]) -> None:
     )
 
 
-def profile(steps: int, top: int) -> None:
+def profile(steps: int, top: int, path: str = "scripted") -> None:
     """cProfile a run of ``steps`` and a 0-step run; print the difference per step."""
+    if path == "wire":
+        with WireServerProcess() as root:
+            _profile(steps, top, root)
+    else:
+        _profile(steps, top, None)
+
+
+def _profile(steps: int, top: int, wire: str | None) -> None:
     import pstats
 
     def load(path: Path) -> dict[str, tuple[int, float, float]]:
@@ -720,10 +728,10 @@ def profile(steps: int, top: int) -> None:
 
     with tempfile.TemporaryDirectory(prefix="harness-prof-") as tmp:
         base = Path(tmp)
-        figures = run_child(steps, profile=base / "n.prof")
-        run_child(0, profile=base / "0.prof")
-        plain = [run_child(steps) for _ in range(3)]
-        plain0 = [run_child(0) for _ in range(3)]
+        figures = run_child(steps, profile=base / "n.prof", wire=wire)
+        run_child(0, profile=base / "0.prof", wire=wire)
+        plain = [run_child(steps, wire=wire) for _ in range(3)]
+        plain0 = [run_child(0, wire=wire) for _ in range(3)]
         long_run, zero_run = load(base / "n.prof"), load(base / "0.prof")
 
     cpu = statistics.median(p["cpu"] for p in plain) - statistics.median(p["cpu"] for p in plain0)
@@ -800,7 +808,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     _use_project_venv()
     if args.profile is not None:
-        profile(args.profile, args.top)
+        profile(args.profile, args.top, (args.path or ["scripted"])[0])
         return 0
 
     print(f"harness loop benchmark ({sys.executable})", file=sys.stderr)

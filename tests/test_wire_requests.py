@@ -8,6 +8,7 @@ history message is built as an SDK model once, not once per step.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import ssl
@@ -223,3 +224,23 @@ async def test_a_plain_http_client_loads_no_certificates_and_still_verifies_tls(
     finally:
         await plain.aclose()
         await secure.aclose()
+
+
+def test_equal_messages_made_anew_are_not_encoded_again_and_dropped_ones_are_let_go() -> None:
+    cache = mistral.request_cache()
+    first = ProviderRequest("devstral", ("system",), HISTORY, TOOLS)
+    body = cache.body(first)
+    made = cache.encoded
+    # History re-derives a changed message's view as new objects with equal content.
+    copies = tuple(dataclasses.replace(m) for m in HISTORY)
+    assert cache.body(ProviderRequest("devstral", ("system",), copies, TOOLS)) == body
+    assert cache.encoded == made
+    # A long run of views that each replace every tool output (pruned, then summarized).
+    for round_ in range(40):
+        view = tuple(
+            ToolResult(m.call_id, m.name, f"[pruned {round_}]") if isinstance(m, ToolResult) else m
+            for m in HISTORY
+        )
+        request = ProviderRequest("devstral", ("system",), view, TOOLS)
+        assert cache.body(request) == mistral.encode_request(request)
+    assert len(cache._by_value) <= 2 * (len(HISTORY) + 1) + 16

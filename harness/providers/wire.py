@@ -5,11 +5,12 @@ JSON is made (and checked by the provider's models) once, and a step joins the f
 it already has into the body. The cache key is the provider-neutral message itself
 (``UserTurn``, ``AssistantTurn``, ``ToolResult``, or ``SystemText``): frozen dataclasses,
 compared by value, and ``History`` hands out the same objects step after step, so a look-up
-is an identity hit. Keying by value rather than by message id means a stale fragment
-cannot exist: an edited message is a different key. This is sound because a provider's
-``encode_message`` is a pure function of the message (its tool-call id normalization
-included: a fixed mapping from each raw id, so an id maps the same in every request of
-the history).
+is an identity hit (looked up by ``id()``, the object held so the id cannot be reused);
+an equal message made anew is found by value. Keying by content rather than by message
+id means a stale fragment cannot exist: an edited message is a different key. This is
+sound because a provider's ``encode_message`` is a pure function of the message (its
+tool-call id normalization included: a fixed mapping from each raw id, so an id maps the
+same in every request of the history).
 
 The envelope (model, tools, options, and where the messages go) is made once per distinct
 set of options by encoding the provider's whole request around one sentinel message and
@@ -68,8 +69,8 @@ class WireCache:
     stand-ins (used once per envelope, with a sentinel); ``separator`` is what the provider's
     serializer puts between two items of a list.
 
-    Only the fragments the latest request used are kept, so a message that left the view
-    (pruned, summarized) is dropped; retries and the next step reuse everything else.
+    Fragments no longer in the latest request (pruned, summarized) are dropped once they
+    outnumber those in use; retries and the next step reuse everything else.
     """
 
     def __init__(
@@ -84,7 +85,11 @@ class WireCache:
         self._encode_whole = encode_whole
         self._sentinel_message = sentinel_message
         self._separator = separator
-        self._fragments: dict[WireMessage, bytes] = {}
+        # The latest request's messages by identity: History hands out the same objects
+        # step after step, and an int key spares hashing a dataclass per message per step.
+        self._by_identity: dict[int, tuple[WireMessage, bytes]] = {}
+        # Every fragment made, by value, for equal messages made anew (a re-derived view).
+        self._by_value: dict[WireMessage, bytes] = {}
         self._envelopes: dict[_EnvelopeKey, _Envelope] = {}
         self.encoded = 0  # messages encoded so far: what a test can hold flat
 
@@ -93,20 +98,27 @@ class WireCache:
         system = system_text(request)
         messages: list[WireMessage] = [system] if system is not None else []
         messages.extend(request.messages)
-        old = self._fragments
-        fresh: dict[WireMessage, bytes] = {}
+        known = self._by_identity
+        by_value = self._by_value
+        fresh: dict[int, tuple[WireMessage, bytes]] = {}
         fragments: list[bytes] = []
         for message in messages:
-            fragment = fresh.get(message)
-            if fragment is None:
-                fragment = old.get(message)
-                if fragment is None:
-                    fragment = self._encode_message(message)
+            hit = known.get(id(message))
+            if hit is not None and hit[0] is message:
+                fragment = hit[1]
+            else:
+                cached = by_value.get(message)
+                if cached is None:
+                    cached = by_value[message] = self._encode_message(message)
                     self.encoded += 1
-                fresh[message] = fragment
+                fragment = cached
+            fresh[id(message)] = (message, fragment)
             if fragment:  # empty: a message this provider never sends
                 fragments.append(fragment)
-        self._fragments = fresh
+        self._by_identity = fresh
+        if len(by_value) > 2 * len(fresh) + 16:
+            # Messages left the view (pruned, summarized): keep only what is in use.
+            self._by_value = dict(fresh.values())
         return b"".join((envelope.head, self._separator.join(fragments), envelope.tail))
 
     def _envelope(self, request: ProviderRequest) -> _Envelope:
@@ -137,5 +149,6 @@ class WireCache:
         return envelope
 
     def clear(self) -> None:
-        self._fragments.clear()
+        self._by_identity.clear()
+        self._by_value.clear()
         self._envelopes.clear()
