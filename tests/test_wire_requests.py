@@ -14,12 +14,14 @@ import re
 import ssl
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import trio
 from mistralai.client.models import ChatCompletionStreamRequest, ToolMessage
 from wire_server import Reply, chunk, wire_server
 
@@ -33,7 +35,7 @@ from harness.messages.provider import (
     UserTurn,
 )
 from harness.providers import mistral, openai
-from harness.providers.sse import new_client
+from harness.providers.sse import DRAIN_SECONDS, aiter_sse_data, new_client
 
 USAGE = {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}
 STEPS = 6
@@ -244,3 +246,34 @@ def test_equal_messages_made_anew_are_not_encoded_again_and_dropped_ones_are_let
         request = ProviderRequest("devstral", ("system",), view, TOOLS)
         assert cache.body(request) == mistral.encode_request(request)
     assert len(cache._by_value) <= 2 * (len(HISTORY) + 1) + 16
+
+
+@pytest.mark.parametrize("model", ["mistral/devstral-medium-latest", "openai/qwen2.5-coder"])
+async def test_a_turn_keeps_one_connection_to_a_keep_alive_server(
+    tmp_path: Path, project: Path, monkeypatch: pytest.MonkeyPatch, model: str
+) -> None:
+    monkeypatch.setenv("MISTRAL_API_KEY", "test-key")
+    replies = [_step(i) for i in range(3)] + [_answer()]
+    async with wire_server(*replies, keep_alive=True) as server:
+        config = Config(home=tmp_path / "home", model=model, base_url=server.url)
+        async with open_harness(config) as h:
+            session = await h.create_session(project)
+            result = await h.run(session.id, "read the files, then answer")
+    assert result.answer == "All read."
+    # Reading each body to its end after [DONE] hands the connection back to the pool,
+    # instead of a new connection (a TLS handshake, against a real API) every step.
+    assert len(server.requests) == 4
+    assert server.connections == 1
+
+
+async def test_a_body_left_open_after_done_costs_at_most_the_drain_time() -> None:
+    async def body() -> AsyncIterator[bytes]:
+        yield b'data: {"a": 1}\n\ndata: [DONE]\n\n'
+        await trio.sleep(3600)  # a server that never ends the body
+        yield b"never"
+
+    start = trio.current_time()
+    with trio.fail_after(5):
+        payloads = [p async for p in aiter_sse_data(body())]
+    assert payloads == ['{"a": 1}']
+    assert trio.current_time() - start < DRAIN_SECONDS + 1
