@@ -79,6 +79,7 @@ from urllib.request import urlopen
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "loop.json"
+PHASES_RESULTS = ROOT / "benchmarks" / "results" / "loop-phases.json"
 
 # Issue 14's targets, for both paths (the scripted provider and the Mistral wire path).
 TARGET_CPU_MS = 1.5
@@ -253,6 +254,139 @@ def first_request_at(root: str, token: str) -> float:
         return float(answer.read())
 
 
+# --- the growth survey: CPU of each step phase, by step ---------------------------------
+
+PHASES = {
+    "build history": [
+        ("harness.history", "History", "sync"),
+        ("harness.history", "History", "chat"),
+    ],
+    "estimate": [("harness.actors.runner", "Runner", "_estimate")],
+    "encode": [("harness.providers.wire", "WireCache", "body")],
+    "stream parse": [
+        ("harness.providers.sse", "SSEDecoder", "feed"),
+        ("harness.providers.mistral", "_parse_chunk", None),
+    ],
+    "ledger writes": [("harness.storage.ledger", "Ledger", "_commit")],
+}
+
+
+def install_phase_probes(step_of: Any) -> dict[str, list[float]]:
+    """Wrap each phase's functions to add their CPU (of the calling thread) to its step.
+
+    The step is the number of model requests made so far, so a step's figure covers its
+    tool call, its writes and the building of the next request. The ledger commits run in
+    a worker thread: ``thread_time`` is that thread's CPU.
+    """
+    import importlib
+
+    totals: dict[str, list[float]] = {name: [] for name in PHASES}
+
+    def probe(phase: str, function: Any) -> Any:
+        record = totals[phase]
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.thread_time()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                step = step_of()
+                while len(record) <= step:
+                    record.append(0.0)
+                record[step] += time.thread_time() - start
+
+        return timed
+
+    for phase, targets in PHASES.items():
+        for module_name, owner, attribute in targets:
+            module = importlib.import_module(module_name)
+            if attribute is None:
+                setattr(module, owner, probe(phase, getattr(module, owner)))
+            else:
+                cls = getattr(module, owner)
+                setattr(cls, attribute, probe(phase, getattr(cls, attribute)))
+    return totals
+
+
+def one_shot_reads(ledger: Any, session_id: str) -> dict[str, float]:
+    """What ``show`` and an SSE replay read, once the run is over: CPU of each."""
+    start = time.process_time()
+    stored = ledger.session(session_id)
+    transcript = [m.model_dump(mode="json") for m in ledger.messages(stored.id)]
+    json.dumps({"session": stored.model_dump(mode="json"), "messages": transcript})
+    show = time.process_time() - start
+    start = time.process_time()
+    events = 0
+    after = 0
+    while True:  # the daemon's replay reads the log in pages like this
+        page = ledger.events_after(after, session_ids=[session_id], limit=500)
+        if not page:
+            break
+        events += len(page)
+        after = page[-1].seq
+        for event in page:
+            event.to_json()
+    replay = time.process_time() - start
+    return {"show_s": show, "replay_s": replay, "events": events}
+
+
+def survey(runs: int) -> dict[str, Any]:
+    """Each phase's CPU per step: steps 1–20 of 20-step runs, steps 181–200 of 200-step ones."""
+    os.environ["LOOP_PHASES"] = "1"
+    out: dict[str, Any] = {}
+    try:
+        for path in PATHS:
+            with WireServerProcess() as root:
+                wire = root if path == "wire" else None
+                by_run = {n: [run_child(n, wire=wire) for _ in range(runs)] for n in (20, 200)}
+            figures: dict[str, Any] = {}
+            for phase in (*PHASES, "everything else", "whole step"):
+                cells = []
+                for steps, first in ((20, 1), (200, 181)):
+                    per_run = []
+                    for sample in by_run[steps]:
+                        stamps = sample["request_cpu"]
+                        whole = (stamps[first + 19] - stamps[first - 1]) / 20
+                        measured = {
+                            name: sum(sample["phases"][name][first : first + 20]) / 20
+                            for name in PHASES
+                        }
+                        if phase == "whole step":
+                            per_run.append(whole)
+                        elif phase == "everything else":
+                            # The ledger thread's CPU is inside ``whole`` (all threads).
+                            per_run.append(whole - sum(measured.values()))
+                        else:
+                            per_run.append(measured[phase])
+                    cells.append(min(per_run))  # best of the runs: the box is shared
+                figures[phase] = {"20": round(cells[0] * 1e3, 3), "200": round(cells[1] * 1e3, 3)}
+            reads = {}
+            for steps in (20, 200):
+                best = min(by_run[steps], key=lambda s: s["after_run"]["show_s"])
+                reads[str(steps)] = best["after_run"]
+            figures["one-shot reads"] = reads
+            out[path] = figures
+    finally:
+        os.environ.pop("LOOP_PHASES", None)
+    return out
+
+
+def print_survey(figures: dict[str, Any]) -> None:
+    for path, table in figures.items():
+        print(f"\n[{path}] CPU per step, ms     steps 1–20 of 20   steps 181–200 of 200   ×")
+        for phase, cells in table.items():
+            if phase == "one-shot reads":
+                continue
+            ratio = cells["200"] / cells["20"] if cells["20"] > 0.0005 else float("nan")
+            print(f"  {phase:22} {cells['20']:16.3f} {cells['200']:22.3f} {ratio:8.2f}")
+        for steps, reads in table["one-shot reads"].items():
+            print(
+                f"  after a {steps}-step run: show {reads['show_s'] * 1e3:.1f} ms, "
+                f"replay of {reads['events']} events {reads['replay_s'] * 1e3:.1f} ms "
+                f"({reads['replay_s'] / max(reads['events'], 1) * 1e6:.1f} µs an event)"
+            )
+
+
 # --- the child: one embedded run, CPU measured inside -------------------------------------
 
 
@@ -279,6 +413,9 @@ def child(steps: int, base: Path, profile: Path | None, wire: str | None = None)
         import harness.providers.mistral  # noqa: F401
 
     stamps: list[float] = []
+    phases: dict[str, list[float]] | None = None
+    if os.environ.get("LOOP_PHASES"):
+        phases = install_phase_probes(lambda: len(stamps))
 
     class Stamped:
         """The scripted provider, noting the process CPU when each request is made."""
@@ -346,10 +483,15 @@ def child(steps: int, base: Path, profile: Path | None, wire: str | None = None)
         for part in entry.parts
         if part.type == "tool" and part.state.status == "completed"
     )
+    after_run: dict[str, float] = {}
+    if phases is not None:
+        after_run = one_shot_reads(ledger, outcome["session"])
     ledger.close()
     print(
         json.dumps(
             {
+                "phases": phases,
+                "after_run": after_run,
                 "steps": steps,
                 "cpu": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
                 "user": after.ru_utime - before.ru_utime,
@@ -791,6 +933,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--profile", type=int, metavar="STEPS", help="cProfile one run of STEPS steps"
     )
     parser.add_argument("--top", type=int, default=40, help="rows in the profile")
+    parser.add_argument(
+        "--phases", action="store_true", help="CPU of each step phase at 20 and 200 steps"
+    )
     parser.add_argument("--child", nargs=2, metavar=("STEPS", "DIR"), help=argparse.SUPPRESS)
     parser.add_argument(
         "--path", choices=PATHS, action="append", help="measure only this path (repeatable)"
@@ -809,6 +954,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     _use_project_venv()
     if args.profile is not None:
         profile(args.profile, args.top, (args.path or ["scripted"])[0])
+        return 0
+    if args.phases:
+        figures = survey(3 if args.quick else 5)
+        print_survey(figures)
+        if not args.no_write:
+            PHASES_RESULTS.write_text(json.dumps(figures, indent=2, ensure_ascii=False) + "\n")
+            print(f"\nwritten to {PHASES_RESULTS.relative_to(ROOT)}")
         return 0
 
     print(f"harness loop benchmark ({sys.executable})", file=sys.stderr)

@@ -277,3 +277,25 @@ async def test_a_body_left_open_after_done_costs_at_most_the_drain_time() -> Non
         payloads = [p async for p in aiter_sse_data(body())]
     assert payloads == ['{"a": 1}']
     assert trio.current_time() - start < DRAIN_SECONDS + 1
+
+
+@pytest.mark.parametrize("provider", [mistral, openai], ids=["mistral", "openai"])
+def test_a_growing_history_encodes_each_message_once_whatever_the_view_does(
+    provider: Any,
+) -> None:
+    cache = provider.request_cache()
+    history: list[Any] = [UserTurn("go")]
+    for step in range(30):
+        call = ToolCall(f"call_{step}", "read", '{"path": "a"}')
+        history += [
+            AssistantTurn("" if step % 2 else "ok", (call,)),
+            ToolResult(call.id, "read", "x"),
+        ]
+        request = ProviderRequest(
+            "devstral", ("system", f"final {step}" * (step == 29)), tuple(history), TOOLS
+        )
+        assert cache.body(request) == provider.encode_request(request)
+        # A retry sends the same bytes.
+        assert cache.body(request) == provider.encode_request(request)
+    # Each message once, the system text twice (it changed on the last step).
+    assert cache.encoded == len(history) + 2

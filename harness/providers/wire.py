@@ -69,7 +69,9 @@ class WireCache:
     stand-ins (used once per envelope, with a sentinel); ``separator`` is what the provider's
     serializer puts between two items of a list.
 
-    Fragments no longer in the latest request (pruned, summarized) are dropped once they
+    When the history only grew since the last request (the usual step), only the new
+    messages are looked at and their fragments appended to the last join. Fragments no
+    longer in the view (pruned, summarized) are dropped when the view changes and they
     outnumber those in use; retries and the next step reuse everything else.
     """
 
@@ -85,25 +87,61 @@ class WireCache:
         self._encode_whole = encode_whole
         self._sentinel_message = sentinel_message
         self._separator = separator
-        # The latest request's messages by identity: History hands out the same objects
-        # step after step, and an int key spares hashing a dataclass per message per step.
+        # Messages by identity: History hands out the same objects step after step, and
+        # an int key spares hashing a dataclass per message per step. Objects are held.
         self._by_identity: dict[int, tuple[WireMessage, bytes]] = {}
         # Every fragment made, by value, for equal messages made anew (a re-derived view).
         self._by_value: dict[WireMessage, bytes] = {}
         self._envelopes: dict[_EnvelopeKey, _Envelope] = {}
+        # The latest request's messages (held, so their ids stay theirs) and their join:
+        # the next step's list usually starts with the very same objects.
+        self._last: list[WireMessage] = []
+        self._last_ids: list[int] = []
+        self._last_joined = b""
+        self._system: tuple[tuple[str, ...], SystemText | None] = ((), None)
         self.encoded = 0  # messages encoded so far: what a test can hold flat
 
     def body(self, request: ProviderRequest) -> bytes:
         envelope = self._envelope(request)
-        system = system_text(request)
-        messages: list[WireMessage] = [system] if system is not None else []
+        messages: list[WireMessage] = []
+        system = self._system_of(request)
+        if system is not None:
+            messages.append(system)
         messages.extend(request.messages)
+        ids = list(map(id, messages))
+        kept = len(self._last_ids)
+        if kept and ids[:kept] == self._last_ids:
+            # The history only grew: encode and join the new messages alone.
+            joined = self._last_joined
+            added = self._fragments(messages[kept:])
+            if added:
+                tail = self._separator.join(added)
+                joined = joined + self._separator + tail if joined else tail
+        else:
+            # The view changed (pruning, a summary, a final step's prompt): walk it all,
+            # still encoding only messages never seen, and forget what left it.
+            previous, self._by_identity = self._by_identity, {}
+            joined = self._separator.join(self._fragments(messages, previous))
+            if len(self._by_value) > 2 * len(messages) + 16:
+                self._by_value = dict(self._by_identity.values())
+        self._last, self._last_ids, self._last_joined = messages, ids, joined
+        return b"".join((envelope.head, joined, envelope.tail))
+
+    def _fragments(
+        self,
+        messages: list[WireMessage],
+        previous: dict[int, tuple[WireMessage, bytes]] | None = None,
+    ) -> list[bytes]:
+        """Each message's fragment, recorded by identity (looked up in ``previous`` too)."""
         known = self._by_identity
         by_value = self._by_value
-        fresh: dict[int, tuple[WireMessage, bytes]] = {}
         fragments: list[bytes] = []
         for message in messages:
             hit = known.get(id(message))
+            if hit is None and previous is not None:
+                hit = previous.get(id(message))
+                if hit is not None and hit[0] is message:
+                    known[id(message)] = hit
             if hit is not None and hit[0] is message:
                 fragment = hit[1]
             else:
@@ -112,14 +150,18 @@ class WireCache:
                     cached = by_value[message] = self._encode_message(message)
                     self.encoded += 1
                 fragment = cached
-            fresh[id(message)] = (message, fragment)
+                known[id(message)] = (message, fragment)
             if fragment:  # empty: a message this provider never sends
                 fragments.append(fragment)
-        self._by_identity = fresh
-        if len(by_value) > 2 * len(fresh) + 16:
-            # Messages left the view (pruned, summarized): keep only what is in use.
-            self._by_value = dict(fresh.values())
-        return b"".join((envelope.head, self._separator.join(fragments), envelope.tail))
+        return fragments
+
+    def _system_of(self, request: ProviderRequest) -> SystemText | None:
+        """The same ``SystemText`` object while the system blocks stay the same."""
+        blocks, text = self._system
+        if request.system != blocks:
+            text = system_text(request)
+            self._system = (request.system, text)
+        return text
 
     def _envelope(self, request: ProviderRequest) -> _Envelope:
         key = _EnvelopeKey(
@@ -152,3 +194,4 @@ class WireCache:
         self._by_identity.clear()
         self._by_value.clear()
         self._envelopes.clear()
+        self._last, self._last_ids, self._last_joined = [], [], b""
