@@ -97,7 +97,7 @@ class WireCache:
         # the next step's list usually starts with the very same objects.
         self._last: list[WireMessage] = []
         self._last_ids: list[int] = []
-        self._last_joined = b""
+        self._last_joined = bytearray()
         self._system: tuple[tuple[str, ...], SystemText | None] = ((), None)
         self.encoded = 0  # messages encoded so far: what a test can hold flat
 
@@ -111,17 +111,19 @@ class WireCache:
         ids = list(map(id, messages))
         kept = len(self._last_ids)
         if kept and ids[:kept] == self._last_ids:
-            # The history only grew: encode and join the new messages alone.
+            # The history only grew: encode the new messages alone and append them to the
+            # join in place (a bytearray grows without copying what it holds).
             joined = self._last_joined
             added = self._fragments(messages[kept:])
             if added:
-                tail = self._separator.join(added)
-                joined = joined + self._separator + tail if joined else tail
+                if joined:
+                    joined += self._separator
+                joined += self._separator.join(added)
         else:
             # The view changed (pruning, a summary, a final step's prompt): walk it all,
             # still encoding only messages never seen, and forget what left it.
             previous, self._by_identity = self._by_identity, {}
-            joined = self._separator.join(self._fragments(messages, previous))
+            joined = bytearray(self._separator.join(self._fragments(messages, previous)))
             if len(self._by_value) > 2 * len(messages) + 16:
                 self._by_value = dict(self._by_identity.values())
         self._last, self._last_ids, self._last_joined = messages, ids, joined
@@ -194,4 +196,4 @@ class WireCache:
         self._by_identity.clear()
         self._by_value.clear()
         self._envelopes.clear()
-        self._last, self._last_ids, self._last_joined = [], [], b""
+        self._last, self._last_ids, self._last_joined = [], [], bytearray()
