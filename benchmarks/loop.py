@@ -26,7 +26,8 @@ CPU per step
     imports harness, then measures ``getrusage(RUSAGE_SELF)`` user+sys (all threads,
     so the ledger writer thread's commits are included) around
     ``trio.run(open_harness → create_session → run)``. Per step =
-    (CPU(N steps) − CPU(0 steps)) / N, each CPU the median of several runs. The 0-step run
+    (CPU(N steps) − CPU(0 steps)) / N, each CPU the best (least) of several runs: the
+    machine is shared and interference only ever adds CPU. The 0-step run
     answers at once (one provider call), so set-up, schema creation and one-off costs
     cancel out. In-child RUSAGE_SELF is used rather than RUSAGE_CHILDREN of a whole
     ``harness run`` because interpreter start-up and imports (~0.3 s of CPU with
@@ -50,7 +51,17 @@ Start-up
 
 Memory
     Peak RSS (``ru_maxrss`` from ``os.wait4`` on that very child) of a 20-step
-    ``harness run`` process.
+    ``harness run`` process (the worst of the runs).
+
+Growth survey (``--phases``)
+    The embedded runs again, with each step phase's functions wrapped to add their
+    thread CPU to the step they ran in: build history (``History.sync`` and ``.chat``),
+    estimate (``Runner._estimate``), encode (``WireCache.body``), stream parse
+    (``SSEDecoder.feed`` and Mistral's chunk validation), ledger writes (``Ledger._commit``,
+    in the writer thread); "everything else" is the whole step minus those. Per step in
+    steps 1–20 of 20-step runs and steps 181–200 of 200-step runs, best of the runs; then
+    what ``show`` and a full event replay cost once the run is over. Written to
+    ``benchmarks/results/loop-phases.json``.
 
 Figures are written to ``benchmarks/results/loop.json``.
 """
@@ -630,21 +641,20 @@ def help_wall() -> float:
 # --- the report -------------------------------------------------------------------------
 
 
-def median_cpu(
-    steps: int, runs: int, wire: str | None
-) -> tuple[float, list[dict[str, Any]], float]:
+def best_cpu(steps: int, runs: int, wire: str | None) -> tuple[float, list[dict[str, Any]], float]:
     samples = [run_child(steps, wire=wire) for _ in range(runs)]
     cpus = [s["cpu"] for s in samples]
-    return statistics.median(cpus), samples, statistics.median(s["wall"] for s in samples)
+    # The best of the runs: on a shared machine, interference only ever adds CPU.
+    return min(cpus), samples, min(s["wall"] for s in samples)
 
 
 def segment(samples: list[dict[str, Any]], first: int, last: int) -> float:
-    """Median CPU per step of steps first..last inside each run, from the request stamps.
+    """Best CPU per step of steps first..last over the runs, from the request stamps.
 
     Stamp k (0-based) is taken when request k+1 is made, so stamp[last] − stamp[first − 1]
     covers steps first..last: each one's tool call, ledger writes and next request.
     """
-    return statistics.median(
+    return min(
         (s["request_cpu"][last] - s["request_cpu"][first - 1]) / (last - first + 1) for s in samples
     )
 
@@ -669,7 +679,7 @@ def measure_path(path: str, quick: bool, wire: str | None) -> tuple[dict[str, An
         # Short runs are cheap and their difference is small: take more of them.
         count = runs if steps == long else 2 * runs + 1
         print(f"  [{path}] embedded runs of {steps} steps × {count} …", file=sys.stderr, flush=True)
-        cpu[steps], samples[steps], walls[steps] = median_cpu(steps, count, wire)
+        cpu[steps], samples[steps], walls[steps] = best_cpu(steps, count, wire)
 
     per_step_20 = (cpu[20] - cpu[0]) / 20
     per_step_long = (cpu[long] - cpu[0]) / long
@@ -683,11 +693,9 @@ def measure_path(path: str, quick: bool, wire: str | None) -> tuple[dict[str, An
     print(f"  [{path}] harness run × {runs} (start-up, memory) …", file=sys.stderr, flush=True)
     cli20 = [cli_run(20, wire) for _ in range(runs)]
     cli0 = [cli_run(0, wire) for _ in range(runs)]
-    startup = statistics.median(r["to_first_request"] for r in cli20 + cli0)
+    startup = min(r["to_first_request"] for r in cli20 + cli0)
     rss = max(r["maxrss_mb"] for r in cli20)
-    cli_per_step = (
-        statistics.median(r["cpu"] for r in cli20) - statistics.median(r["cpu"] for r in cli0)
-    ) / 20
+    cli_per_step = (min(r["cpu"] for r in cli20) - min(r["cpu"] for r in cli0)) / 20
 
     tag = f"[{path}] "
     rows: list[Row] = [
@@ -844,8 +852,9 @@ def print_table(rows: Sequence[tuple[str, str, str, bool]]) -> None:
     print(
         "CPU = getrusage(RUSAGE_SELF) user+sys inside a fresh child process around\n"
         "trio.run(open_harness → create_session → run), all threads (ledger writer included);\n"
-        "per step = (CPU(N) − CPU(0)) / N, medians. Start-up = Popen of the real CLI → the\n"
-        "first 'step started' log line (logged right before the first provider request)."
+        "per step = (CPU(N) − CPU(0)) / N, best of the runs. Start-up (best of the runs) =\n"
+        "Popen of the real CLI → the first request ('step started' log line for scripted,\n"
+        "arrival at the server for wire)."
     )
 
 
