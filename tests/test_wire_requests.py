@@ -299,3 +299,30 @@ def test_a_growing_history_encodes_each_message_once_whatever_the_view_does(
         assert cache.body(request) == provider.encode_request(request)
     # Each message once, the system text twice (it changed on the last step).
     assert cache.encoded == len(history) + 2
+
+
+async def test_the_wire_cache_is_let_go_when_the_turn_ends(
+    tmp_path: Path, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MISTRAL_API_KEY", "test-key")
+    made: list[Any] = []
+    replies = [_step(0), _answer()]
+    async with wire_server(*replies) as server:
+
+        def factory(model: str) -> Any:
+            provider = mistral.MistralProvider(
+                model.split("/", 1)[1], api_key="k", base_url=server.url
+            )
+            made.append(provider)
+            return provider
+
+        config = Config(home=tmp_path / "home", model="mistral/m", provider_factory=factory)
+        async with open_harness(config) as h:
+            session = await h.create_session(project)
+            result = await h.run(session.id, "read, then answer")
+            (provider,) = made
+            cache = provider._requests
+            assert result.answer == "All read."
+            assert cache.encoded > 0
+            # Between turns an idle session holds no copy of its history's wire form.
+            assert not cache._by_identity and not cache._by_value and not cache._last_joined

@@ -333,6 +333,10 @@ class MistralProvider:
                 async with aclosing(events):
                     yield events
 
+    def forget_requests(self) -> None:
+        """Drop the cached wire forms (the session calls this when a turn ends)."""
+        self._requests.clear()
+
     async def aclose(self) -> None:
         if self._owns_client:
             await self._client.aclose()

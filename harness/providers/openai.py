@@ -276,6 +276,10 @@ class OpenAIProvider:
                 async with aclosing(events):
                     yield events
 
+    def forget_requests(self) -> None:
+        """Drop the cached wire forms (the session calls this when a turn ends)."""
+        self._requests.clear()
+
     async def aclose(self) -> None:
         if self._owns_client:
             await self._client.aclose()
