@@ -273,7 +273,11 @@ PHASES = {
         ("harness.history", "History", "chat"),
     ],
     "estimate": [("harness.actors.runner", "Runner", "_estimate")],
-    "encode": [("harness.providers.wire", "WireCache", "body")],
+    # encode_request: what the provider called before WireCache (for a before/after).
+    "encode": [
+        ("harness.providers.wire", "WireCache", "body"),
+        ("harness.providers.mistral", "encode_request", None),
+    ],
     "stream parse": [
         ("harness.providers.sse", "SSEDecoder", "feed"),
         ("harness.providers.mistral", "_parse_chunk", None),
@@ -310,7 +314,10 @@ def install_phase_probes(step_of: Any) -> dict[str, list[float]]:
 
     for phase, targets in PHASES.items():
         for module_name, owner, attribute in targets:
-            module = importlib.import_module(module_name)
+            try:
+                module = importlib.import_module(module_name)
+            except ImportError:
+                continue  # an older harness without it
             if attribute is None:
                 setattr(module, owner, probe(phase, getattr(module, owner)))
             else:
