@@ -59,6 +59,9 @@ class WireServer:
     requests: list[Received] = field(default_factory=list)
     disconnected: trio.Event = field(default_factory=trio.Event)
     disconnected_at: float | None = None
+    # Answer with keep-alive (as real APIs do) instead of closing after each response.
+    keep_alive: bool = False
+    connections: int = 0
 
     @property
     def base(self) -> str:
@@ -105,16 +108,28 @@ class WireServer:
                 return
 
     async def handle(self, stream: trio.SocketStream) -> None:
+        self.connections += 1
         conn = h11.Connection(h11.SERVER)
         try:
+            while await self._exchange(stream, conn):
+                conn.start_next_cycle()
+        finally:
+            with trio.move_on_after(1) as scope:
+                scope.shield = True
+                await stream.aclose()
+
+    async def _exchange(self, stream: trio.SocketStream, conn: h11.Connection) -> bool:
+        """One request and its reply; True when the connection may carry another."""
+        try:
             received = await self._read_request(stream, conn)
-        except trio.BrokenResourceError:
-            return
+        except (trio.BrokenResourceError, h11.RemoteProtocolError):
+            return False
         self.requests.append(received)
         reply = self.replies.pop(0) if self.replies else Reply(status=500, body="no reply left")
         if reply.delay:
             await trio.sleep(reply.delay)
-        headers = [("connection", "close"), *reply.headers]
+        keep = self.keep_alive and not (reply.hang or reply.abort)
+        headers = [*([] if keep else [("connection", "close")]), *reply.headers]
         try:
             if reply.body is not None or reply.status != 200:
                 content = reply.body if reply.body is not None else ""
@@ -128,7 +143,7 @@ class WireServer:
                 )
                 await self._send(stream, conn, h11.Data(data=data))
                 await self._send(stream, conn, h11.EndOfMessage())
-                return
+                return keep
             headers.append(("content-type", "text/event-stream"))
             await self._send(stream, conn, h11.Response(status_code=200, headers=headers))
             for item in reply.events:
@@ -140,25 +155,23 @@ class WireServer:
                 await self._send(stream, conn, h11.Data(data=reply.raw))
             if reply.hang:
                 await self._wait_for_disconnect(stream)
-                return
+                return False
             if reply.abort:
-                return
+                return False
             if reply.done:
                 await self._send(stream, conn, h11.Data(data=b"data: [DONE]\n\n"))
             await self._send(stream, conn, h11.EndOfMessage())
         except trio.BrokenResourceError:
             self.disconnected_at = trio.current_time()
             self.disconnected.set()
-        finally:
-            with trio.move_on_after(1) as scope:
-                scope.shield = True
-                await stream.aclose()
+            return False
+        return keep
 
 
 @asynccontextmanager
-async def wire_server(*replies: Reply) -> AsyncIterator[WireServer]:
+async def wire_server(*replies: Reply, keep_alive: bool = False) -> AsyncIterator[WireServer]:
     """Serve ``replies`` in order, one per request, on an ephemeral port."""
-    server = WireServer(replies=list(replies))
+    server = WireServer(replies=list(replies), keep_alive=keep_alive)
     failure: Exception | None = None
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(

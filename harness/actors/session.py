@@ -670,3 +670,8 @@ class SessionActor:
                 return await runner.run_turn(user_message_id)
             finally:
                 nursery.cancel_scope.cancel()
+                # A provider's wire cache serves the steps of one turn: an idle session
+                # should not hold a second copy of its history until the next prompt.
+                forget = getattr(self._provider, "forget_requests", None)
+                if forget is not None:
+                    forget()

@@ -24,7 +24,6 @@ from harness.messages.provider import (
     StreamEvent,
     TextDelta,
     ToolCallEvent,
-    ToolResult,
     UserTurn,
 )
 from harness.providers.errors import ProviderError, TruncatedStreamError
@@ -34,10 +33,11 @@ from harness.providers.sse import (
     error_for_body,
     error_for_transport,
     message_of,
+    new_client,
     open_stream,
-    shared_ssl_context,
     sse_data,
 )
+from harness.providers.wire import SystemText, WireCache, WireMessage, system_text
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 KEY_ENV = "OPENAI_API_KEY"
@@ -53,30 +53,38 @@ def new_tool_call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
 
+def wire_message(turn: WireMessage) -> dict[str, Any] | None:
+    """One message as the chat-completions API takes it; None for one never sent."""
+    if isinstance(turn, SystemText):
+        return {"role": "system", "content": turn.text}
+    if isinstance(turn, UserTurn):
+        return {"role": "user", "content": turn.text}
+    if isinstance(turn, AssistantTurn):
+        if not turn.text and not turn.tool_calls:
+            return None
+        message: dict[str, Any] = {"role": "assistant", "content": turn.text or None}
+        if turn.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments or "{}"},
+                }
+                for call in turn.tool_calls
+            ]
+        return message
+    return {"role": "tool", "tool_call_id": turn.call_id, "content": turn.content}
+
+
 def build_body(request: ProviderRequest) -> dict[str, Any]:
-    messages: list[dict[str, Any]] = []
-    system = "\n\n".join(s for s in request.system if s)
-    if system:
-        messages.append({"role": "system", "content": system})
-    for turn in request.messages:
-        if isinstance(turn, UserTurn):
-            messages.append({"role": "user", "content": turn.text})
-        elif isinstance(turn, AssistantTurn):
-            if not turn.text and not turn.tool_calls:
-                continue
-            message: dict[str, Any] = {"role": "assistant", "content": turn.text or None}
-            if turn.tool_calls:
-                message["tool_calls"] = [
-                    {
-                        "id": call.id,
-                        "type": "function",
-                        "function": {"name": call.name, "arguments": call.arguments or "{}"},
-                    }
-                    for call in turn.tool_calls
-                ]
-            messages.append(message)
-        elif isinstance(turn, ToolResult):
-            messages.append({"role": "tool", "tool_call_id": turn.call_id, "content": turn.content})
+    """The whole body as one dict: the reference the cached encoding must equal."""
+    system = system_text(request)
+    turns: list[WireMessage] = [system] if system is not None else []
+    turns.extend(request.messages)
+    return _body(request, [m for m in map(wire_message, turns) if m is not None])
+
+
+def _body(request: ProviderRequest, messages: list[Any]) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": request.model,
         "messages": messages,
@@ -102,6 +110,33 @@ def build_body(request: ProviderRequest) -> dict[str, Any]:
     if request.temperature is not None:
         body["temperature"] = request.temperature
     return body
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False).encode("utf-8")
+
+
+def encode_request(request: ProviderRequest) -> bytes:
+    """The body in one go, every message converted and serialized again (the reference)."""
+    return _dumps(build_body(request))
+
+
+def encode_message(turn: WireMessage) -> bytes:
+    message = wire_message(turn)
+    return b"" if message is None else _dumps(message)
+
+
+def request_cache() -> WireCache:
+    """Bodies byte-identical to ``encode_request``, each message serialized once.
+
+    ``json.dumps`` separates list items with ``", "``, so the fragments are joined so too.
+    """
+    return WireCache(
+        encode_message,
+        lambda request, messages: _dumps(_body(request, messages)),
+        lambda text: {"role": "system", "content": text},
+        separator=b", ",
+    )
 
 
 def tokens_of(usage: Any) -> Tokens:
@@ -219,15 +254,14 @@ class OpenAIProvider:
         self._client = (
             http_client
             if http_client is not None
-            else httpx.AsyncClient(
-                timeout=TIMEOUT, transport=transport, verify=shared_ssl_context()
-            )
+            else new_client(self.url, TIMEOUT, transport)
         )
         self._prices = prices if prices is not None else PriceTable()
+        self._requests = request_cache()
 
     @asynccontextmanager
     async def stream(self, request: ProviderRequest) -> AsyncIterator[AsyncIterator[StreamEvent]]:
-        body = json.dumps(build_body(request), ensure_ascii=False).encode("utf-8")
+        body = self._requests.body(request)
         async with open_stream(
             self._client,
             self.url,
@@ -241,6 +275,10 @@ class OpenAIProvider:
                 events = chunks_to_events(data, request.model or self.model, self._prices)
                 async with aclosing(events):
                     yield events
+
+    def forget_requests(self) -> None:
+        """Drop the cached wire forms (the session calls this when a turn ends)."""
+        self._requests.clear()
 
     async def aclose(self) -> None:
         if self._owns_client:
