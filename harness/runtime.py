@@ -55,6 +55,7 @@ from harness.providers import split_model
 from harness.storage.ledger import Ledger
 from harness.storage.lock import hold_ledger
 from harness.tools.registry import builtin_tools, tool_specs
+from harness.tools.sandbox import Sandbox
 
 log = structlog.get_logger("harness")
 
@@ -77,8 +78,10 @@ class Harness:
         permission: Permission,
         supervisor: Supervisor,
         question: Question,
+        sandbox: Sandbox | None = None,
     ) -> None:
         self.config = config
+        self.sandbox = sandbox or Sandbox()  # what tools' subprocesses run under
         self.ledger = ledger
         self._feed = feed
         self._permission = permission
@@ -474,6 +477,11 @@ async def _open_harness(config: Config) -> AsyncIterator[Harness]:
     permission = Permission(ledger, interactive=config.interactive)
     question = Question(ledger, interactive=config.interactive)
     tools = builtin_tools()
+    sandbox = Sandbox.open(
+        config.sandbox, bwrap=config.sandbox_bwrap, secret_env=config.secret_env
+    )
+    if sandbox.notice is not None:
+        log.warning(sandbox.notice, requested=sandbox.requested)
     services = SessionServices(
         config=config,
         ledger=ledger,
@@ -482,6 +490,7 @@ async def _open_harness(config: Config) -> AsyncIterator[Harness]:
         tools=tools,
         tool_specs=tool_specs(tools),
         questions=question.mailbox,
+        sandbox=sandbox,
     )
     supervisor = Supervisor(services)
 
@@ -509,7 +518,7 @@ async def _open_harness(config: Config) -> AsyncIterator[Harness]:
                     await inner.start(question.run)
                     await inner.start(supervisor.run)
                     harness = Harness(
-                        config, ledger, feed.mailbox, permission, supervisor, question
+                        config, ledger, feed.mailbox, permission, supervisor, question, sandbox
                     )
                     try:
                         yield harness

@@ -54,6 +54,7 @@ from harness.tools.base import (
     ToolRejected,
 )
 from harness.tools.process import process_identity
+from harness.tools.sandbox import Sandbox
 from harness.tools.truncate import truncate_output
 
 log = structlog.get_logger("harness.tools")
@@ -109,6 +110,7 @@ class ToolExecutor:
         subtasks: Subtasks | None = None,
         todos: Todos | None = None,
         questions: Questions | None = None,
+        sandbox: Sandbox | None = None,
     ) -> None:
         self._session_id = session_id
         self._directory = directory
@@ -122,6 +124,7 @@ class ToolExecutor:
         self._subtasks = subtasks
         self._todos = todos
         self._questions = questions
+        self._sandbox = sandbox
         self.mailbox, self._receive = trio.open_memory_channel[ExecuteCalls](math.inf)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -244,6 +247,7 @@ class ToolExecutor:
             todos=self._todos,
             questions=self._questions,
             check=self._check,
+            sandbox=self._sandbox,
         )
         try:
             needs = tool.permissions(args, context)

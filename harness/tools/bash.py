@@ -27,6 +27,7 @@ from harness.tools.base import (
     ToolParams,
 )
 from harness.tools.process import kill_process_group
+from harness.tools.sandbox import Sandbox
 from harness.tools.truncate import MAX_BYTES, MAX_LINES
 
 DEFAULT_TIMEOUT_MS = 120_000
@@ -63,6 +64,9 @@ timeout the command and everything it started are killed and you get the output 
 - Long output keeps its last part; the full output is saved to a file the result names, \
 which you can search with grep or page through with read.
 - A non-zero exit code is reported at the end of the output.
+- The command may run in a sandbox: files outside the working directory (and its `.git`) \
+read-only, a private /tmp that does not carry over to the next call, no network. When the \
+sandbox stopped a command, the result says so; do not try to work around it.
 - Prefer the read, glob, grep, edit and write tools over cat, find, grep, sed and echo \
 redirects.
 - `description`: say what the command does in 5–10 words, e.g. "Run the unit tests"."""
@@ -171,7 +175,14 @@ def _tail_preview(data: bytes) -> bytes:
     return data
 
 
-def _exit_note(code: int) -> str:
+def _exit_note(code: int, *, sandboxed: bool = False) -> str:
+    if sandboxed and 128 < code < 128 + 65:
+        # bwrap reports a command killed by signal N as exit code 128 + N, as a shell does.
+        try:
+            name = signal.Signals(code - 128).name
+        except ValueError:
+            return f"[exit code {code}]"
+        return f"[exit code {code}, which usually means killed by {name}]"
     if code < 0:
         try:
             name = signal.Signals(-code).name
@@ -207,10 +218,15 @@ class BashTool(Tool[BashParams]):
         # Not trio.run_process: its deliver_cancel only runs while the leader is alive, so
         # a cancel that lands after the leader exited leaves the group alone, and it only
         # signals, so a grandchild that ignores SIGTERM survives. We own the kill instead.
+        sandbox = ctx.sandbox or Sandbox()
+        # Asked of the rules alone, never of a person: "ask" (the default) means no network.
+        network = sandbox.mode == "off" or ctx.allows("bash_network", args.command)
+        launch = sandbox.command(["bash", "-c", args.command], ctx.directory, network=network)
         try:
             proc = await trio.lowlevel.open_process(
-                ["bash", "-c", args.command],
+                launch.argv,
                 cwd=ctx.directory,
+                env=launch.env,  # without credentials (harness/secrets.py)
                 start_new_session=True,  # own process group: one killpg reaches every child
                 stdin=subprocess.DEVNULL,  # a prompt fails at once instead of hanging
                 stdout=subprocess.PIPE,
@@ -250,7 +266,14 @@ class BashTool(Tool[BashParams]):
                     await proc.wait()
                 await stdout.aclose()
                 await output.close()
-        return self._result(args, output, proc.returncode, timeout_ms, timed_out)
+        # The tail is what the model sees, and where the errno text of a failure is.
+        why = None if timed_out else sandbox.explain(
+            bytes(output.tail[-8192:]).decode("utf-8", "replace"), ctx.directory, network=network
+        )
+        result = self._result(args, output, proc.returncode, timeout_ms, timed_out, sandbox, why)
+        if sandbox.mode != "off":
+            result.metadata.update(sandbox=sandbox.mode, network=network)
+        return result
 
     def _result(
         self,
@@ -259,6 +282,8 @@ class BashTool(Tool[BashParams]):
         code: int | None,
         timeout_ms: int,
         timed_out: bool,
+        sandbox: Sandbox,
+        why: str | None,
     ) -> ToolOutput:
         truncated = output.needs_cut()
         body = (_tail_preview(bytes(output.tail)) if truncated else bytes(output.tail)).decode(
@@ -287,7 +312,9 @@ class BashTool(Tool[BashParams]):
         elif code is None:
             notes.append("[the command could not be reaped; its exit code is unknown]")
         elif code != 0:
-            notes.append(_exit_note(code))
+            notes.append(_exit_note(code, sandboxed=sandbox.mode != "off"))
+        if why is not None:
+            notes.append(why)
         if notes:
             text += "\n\n" + "\n".join(notes)
         return ToolOutput(
