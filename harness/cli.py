@@ -49,6 +49,11 @@ _DURABILITY_HELP = (
     "normal (default): a commit survives a crash of the process; "
     "full: it also survives a power loss (an fsync per commit batch)"
 )
+_SANDBOX_MODES = ("workspace-write", "read-only", "off")  # harness/tools/sandbox.py
+_SANDBOX_HELP = (
+    "what commands run under: workspace-write (default: only the session directory and "
+    "a private /tmp writable, no network), read-only, or off ($HARNESS_SANDBOX)"
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -107,6 +112,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="write every provider exchange to this JSON-lines cassette (replay:FILE plays it)",
     )
+    run.add_argument("--sandbox", choices=_SANDBOX_MODES, help=_SANDBOX_HELP)
 
     serve = commands.add_parser("serve", help="run the daemon: the HTTP API on a Unix socket")
     serve.add_argument(
@@ -114,6 +120,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--log-file", help="write the JSON log lines to this file, not stderr")
     serve.add_argument("--durability", choices=("normal", "full"), help=_DURABILITY_HELP)
+    serve.add_argument("--sandbox", choices=_SANDBOX_MODES, help=_SANDBOX_HELP)
 
     sessions = commands.add_parser("sessions", help="list sessions")
     sessions.add_argument("--json", action="store_true", help="print JSON")
@@ -319,6 +326,7 @@ def _run(args: argparse.Namespace) -> int:
         budget_cost=args.budget_cost,
         budget_time=args.budget_time,
         show_request=args.show_request or None,
+        sandbox=args.sandbox,
     )
     config.log_file = config.home / "logs" / f"run-{time.strftime('%Y%m%d')}.jsonl"
     return trio.run(_run_async, config, args, text, directory)
@@ -350,7 +358,23 @@ def _daemon_can_take(args: argparse.Namespace) -> bool:
         return False  # the cassette records this process's provider calls
     if args.durability is not None:
         return False  # the daemon's ledger is opened with the daemon's own setting
+    if args.sandbox is not None and args.sandbox != _daemon_sandbox():
+        return False  # the daemon's commands run under the daemon's sandbox
     return not args.base_url and args.max_steps is None and not (args.session and rules_given)
+
+
+def _daemon_sandbox() -> str | None:
+    """The sandbox the daemon's commands run under, or None when no daemon answers."""
+    from harness.client import ApiError, DaemonUnavailable
+
+    client = _client()
+    if client is None:
+        return None
+    try:
+        mode = client.health().get("sandbox")
+    except (DaemonUnavailable, OSError, ApiError, ValueError):
+        return None
+    return mode if isinstance(mode, str) else None
 
 
 async def _run_async(config: Any, args: argparse.Namespace, text: str, directory: Path) -> int:
@@ -363,6 +387,8 @@ async def _run_async(config: Any, args: argparse.Namespace, text: str, directory
 
     try:
         async with open_harness(config) as h:
+            if h.sandbox.notice is not None:
+                print(f"harness: {h.sandbox.notice}", file=sys.stderr)
             try:
                 if args.session:
                     session = h.session(args.session)
@@ -728,8 +754,12 @@ def _serve(args: argparse.Namespace) -> int:
     from harness.logs import configure_logging
     from harness.server import DaemonRunning, serve
     from harness.storage.ledger import LedgerError
+    from harness.tools.sandbox import Sandbox
 
-    config = Config.from_env(durability=args.durability)
+    config = Config.from_env(durability=args.durability, sandbox=args.sandbox)
+    notice = Sandbox.open(config.sandbox, bwrap=config.sandbox_bwrap).notice
+    if notice is not None:  # probed once: the harness serve opens gets the same answer
+        print(f"harness: {notice}", file=sys.stderr)
     log_file = Path(args.log_file).expanduser() if args.log_file else None
     configure_logging(level=config.log_level, format=config.log_format, file=log_file)
     log = structlog.get_logger("harness.serve")
