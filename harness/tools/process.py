@@ -15,6 +15,7 @@ import trio
 # How often liveness is re-read while waiting for a signalled group to die. Short, because a
 # cooperative group is usually gone within a few ms of SIGTERM and the caller is waiting.
 POLL_INTERVAL = 0.005
+FIRST_POLL_INTERVAL = 0.0005
 # After SIGKILL the kernel still has to tear the processes down (longer under load or for a
 # process in uninterruptible sleep); wait this long for that before giving up.
 KILL_WAIT = 1.0
@@ -65,9 +66,13 @@ def _signal_group(pgid: int, sig: signal.Signals) -> bool:
 
 async def _wait_dead(pgid: int) -> None:
     # Polling is the only option: the kernel offers no notification for "every member of a
-    # process group has exited" (a pidfd covers one process, not a group).
-    while group_alive(pgid):  # noqa: ASYNC110
-        await trio.sleep(POLL_INTERVAL)
+    # process group has exited" (a pidfd covers one process, not a group). The first polls
+    # come quickly: a group already on its way out (a sandbox's PID namespace being torn
+    # down after its command exited) is gone within a millisecond.
+    interval = FIRST_POLL_INTERVAL
+    while group_alive(pgid):
+        await trio.sleep(interval)
+        interval = min(interval * 2, POLL_INTERVAL)
 
 
 async def kill_process_group(pgid: int, *, grace: float = 0.2) -> None:
