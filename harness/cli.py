@@ -754,12 +754,8 @@ def _serve(args: argparse.Namespace) -> int:
     from harness.logs import configure_logging
     from harness.server import DaemonRunning, serve
     from harness.storage.ledger import LedgerError
-    from harness.tools.sandbox import Sandbox
-
+    # An unavailable sandbox is a warning in the log (stderr, one JSON object a line).
     config = Config.from_env(durability=args.durability, sandbox=args.sandbox)
-    notice = Sandbox.open(config.sandbox, bwrap=config.sandbox_bwrap).notice
-    if notice is not None:  # probed once: the harness serve opens gets the same answer
-        print(f"harness: {notice}", file=sys.stderr)
     log_file = Path(args.log_file).expanduser() if args.log_file else None
     configure_logging(level=config.log_level, format=config.log_format, file=log_file)
     log = structlog.get_logger("harness.serve")

@@ -481,7 +481,12 @@ async def _open_harness(config: Config) -> AsyncIterator[Harness]:
         config.sandbox, bwrap=config.sandbox_bwrap, secret_env=config.secret_env
     )
     if sandbox.notice is not None:
-        log.warning(sandbox.notice, requested=sandbox.requested)
+        log.warning(
+            "sandbox unavailable",
+            requested=sandbox.requested,
+            reason=sandbox.unavailable,
+            notice=sandbox.notice,
+        )
     services = SessionServices(
         config=config,
         ledger=ledger,

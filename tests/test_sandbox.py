@@ -461,6 +461,40 @@ def test_run_says_on_stderr_when_the_sandbox_is_unavailable(
     assert quiet.returncode == 0 and "sandbox" not in quiet.stderr
 
 
+def test_serve_logs_an_unavailable_sandbox_as_a_json_line(tmp_path: Path) -> None:
+    import json
+
+    from harness.client import Client
+
+    socket_dir = Path(tempfile.mkdtemp(prefix="hs", dir="/tmp"))
+    empty = tmp_path / "empty-path"
+    empty.mkdir()
+    base = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
+    env = {
+        **base,
+        "PATH": str(empty),
+        "HARNESS_HOME": str(tmp_path / "home"),
+        "HARNESS_SOCKET": str(socket_dir / "h.sock"),
+    }
+    with (tmp_path / "daemon.log").open("wb") as log:
+        daemon = subprocess.Popen([sys.executable, "-m", "harness", "serve"], env=env, stderr=log)
+    try:
+        client = Client(socket_dir / "h.sock")
+        deadline = time.monotonic() + 15
+        while not client.alive():
+            assert daemon.poll() is None, (tmp_path / "daemon.log").read_text()
+            assert time.monotonic() < deadline, "the daemon never answered"
+            time.sleep(0.02)
+        assert client.health()["sandbox"] == "off"
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=15)
+        shutil.rmtree(socket_dir, ignore_errors=True)
+    lines = [json.loads(line) for line in (tmp_path / "daemon.log").read_text().splitlines()]
+    [warning] = [line for line in lines if line["event"] == "sandbox unavailable"]
+    assert warning["requested"] == "workspace-write" and "not found" in warning["reason"]
+
+
 def test_bad_sandbox_values_are_usage_errors(tmp_path: Path) -> None:
     for args, env, message in [
         (("run", "--sandbox", "on", "hi"), {}, "invalid choice: 'on'"),
