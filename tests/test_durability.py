@@ -93,7 +93,7 @@ def config_for(home: Path, provider: ScriptedProvider, **extra: Any) -> Config:
 async def test_a_crashed_runner_restarts_from_the_ledger_and_completes(
     tmp_path: Path, project: Path
 ) -> None:
-    counter = tmp_path / "counter"
+    counter = project / "counter"  # in the session directory: the sandbox lets bash write it
     turns = [
         {"tool_calls": [{"name": "bash", "arguments": {"command": f"echo x >> {counter}"}}]},
         {"text": "all done"},
@@ -406,6 +406,10 @@ def test_a_killed_daemon_resumes_sessions_cut_mid_tool_and_mid_stream(
     env: dict[str, str], tmp_path: Path, project: Path
 ) -> None:
     home = Path(env["HARNESS_HOME"])
+    # Unsandboxed: under the sandbox a command dies with its harness (bwrap's
+    # --die-with-parent, tests/test_sandbox.py), and this is about the orphans left where
+    # there is no sandbox to take them down.
+    env["HARNESS_SANDBOX"] = "off"
     count_a, count_b = tmp_path / "count-a", tmp_path / "count-b"
     orphan = "sleep 61.5151"  # a marker for the command the kill orphans
     slow_tool = {"command": f"echo a >> {count_a} && {orphan}"}

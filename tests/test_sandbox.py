@@ -252,6 +252,20 @@ async def test_background_jobs_end_with_the_command(bwrap: str, workspace: Path)
     assert live_processes(marker) == {}
 
 
+async def test_a_long_command_outlives_the_worker_thread_that_could_have_started_it(
+    bwrap: str, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # --die-with-parent ties the command to the thread that forked bwrap. Trio retires an
+    # idle worker thread after 10 s (here 0.2 s), so a command started from one died then.
+    import trio._core._thread_cache as thread_cache
+
+    monkeypatch.setattr(thread_cache, "IDLE_TIMEOUT", 0.2)
+    await trio.to_thread.run_sync(lambda: None)  # a worker thread, now idling out fast
+    output, meta = await run(context(workspace, sandbox()), "sleep 1.5; echo survived")
+    assert output == "survived"
+    assert meta["exit"] == 0
+
+
 async def test_a_signal_death_is_named(bwrap: str, workspace: Path) -> None:
     output, meta = await run(context(workspace, sandbox()), "kill -9 $$")
     assert meta["exit"] == 137
@@ -493,6 +507,43 @@ def test_serve_logs_an_unavailable_sandbox_as_a_json_line(tmp_path: Path) -> Non
     lines = [json.loads(line) for line in (tmp_path / "daemon.log").read_text().splitlines()]
     [warning] = [line for line in lines if line["event"] == "sandbox unavailable"]
     assert warning["requested"] == "workspace-write" and "not found" in warning["reason"]
+
+
+def test_a_sandboxed_command_dies_with_a_killed_harness(
+    bwrap: str, tmp_path: Path, workspace: Path
+) -> None:
+    import json
+    import signal
+
+    marker = "61.7171"
+    script = tmp_path / "sleep.json"
+    call = {"name": "bash", "arguments": {"command": f"sleep {marker}"}}
+    script.write_text(json.dumps([{"tool_calls": [call]}, {"text": "never"}]))
+    base = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
+    run = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "harness", "run", "--embedded", "--allow", "bash"),
+            *("--model", f"scripted:{script}", "--dir", str(workspace), "sleep"),
+        ],
+        env={**base, "HARNESS_HOME": str(tmp_path / "home")},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 15
+        while not live_processes(f"sleep {marker}"):
+            assert run.poll() is None, "harness run ended before its command started"
+            assert time.monotonic() < deadline, "the command never started"
+            time.sleep(0.02)
+    finally:
+        run.send_signal(signal.SIGKILL)
+        run.wait(timeout=15)
+    # Nobody is left to kill the group: bwrap's --die-with-parent and the PID namespace do.
+    deadline = time.monotonic() + 5
+    while live_processes(marker):
+        assert time.monotonic() < deadline, live_processes(marker)
+        time.sleep(0.02)
 
 
 def test_bad_sandbox_values_are_usage_errors(tmp_path: Path) -> None:

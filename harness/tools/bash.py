@@ -10,7 +10,6 @@ costs neither memory nor context.
 from __future__ import annotations
 
 import signal
-import subprocess
 from pathlib import Path
 from typing import BinaryIO
 
@@ -26,7 +25,7 @@ from harness.tools.base import (
     ToolOutput,
     ToolParams,
 )
-from harness.tools.process import kill_process_group
+from harness.tools.process import kill_process_group, spawn_group
 from harness.tools.sandbox import Sandbox
 from harness.tools.truncate import MAX_BYTES, MAX_LINES
 
@@ -217,26 +216,18 @@ class BashTool(Tool[BashParams]):
         timeout_ms = args.timeout if args.timeout is not None else DEFAULT_TIMEOUT_MS
         # Not trio.run_process: its deliver_cancel only runs while the leader is alive, so
         # a cancel that lands after the leader exited leaves the group alone, and it only
-        # signals, so a grandchild that ignores SIGTERM survives. We own the kill instead.
+        # signals, so a grandchild that ignores SIGTERM survives. We own the kill instead
+        # (and the start: see spawn_group).
         sandbox = ctx.sandbox or Sandbox()
         # Asked of the rules alone, never of a person: "ask" (the default) means no network.
         network = sandbox.mode == "off" or ctx.allows("bash_network", args.command)
         launch = sandbox.command(["bash", "-c", args.command], ctx.directory, network=network)
         try:
-            proc = await trio.lowlevel.open_process(
-                launch.argv,
-                cwd=ctx.directory,
-                env=launch.env,  # without credentials (harness/secrets.py)
-                start_new_session=True,  # own process group: one killpg reaches every child
-                stdin=subprocess.DEVNULL,  # a prompt fails at once instead of hanging
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-            )
+            proc = spawn_group(launch.argv, cwd=ctx.directory, env=launch.env)
         except OSError as error:
             raise ToolFailure(
                 f"could not start bash in {ctx.directory}: {error.strerror or error}"
             ) from error
-        assert proc.stdout is not None
         stdout = proc.stdout
         pgid = proc.pid  # start_new_session makes the leader's pid the group id
         output = _OutputBuffer(ctx.output_dir / f"{ctx.call_id}.log")

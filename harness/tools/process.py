@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
 
 import trio
 
@@ -19,6 +22,61 @@ FIRST_POLL_INTERVAL = 0.0005
 # After SIGKILL the kernel still has to tear the processes down (longer under load or for a
 # process in uninterruptible sleep); wait this long for that before giving up.
 KILL_WAIT = 1.0
+
+
+class GroupProcess:
+    """A command started by ``spawn_group``: its pid (= its process group), its output."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], stdout: trio.lowlevel.FdStream) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+        self.stdout = stdout  # stdout and stderr, merged in order
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.returncode
+
+    async def wait(self) -> int:
+        """Wait for the leader to exit and reap it; cancellable."""
+        while self._popen.poll() is None:
+            try:
+                pidfd = os.pidfd_open(self.pid)
+            except OSError:  # no pidfd here (an old kernel): poll instead
+                await trio.sleep(POLL_INTERVAL)
+                continue
+            try:
+                await trio.lowlevel.wait_readable(pidfd)
+            finally:
+                os.close(pidfd)
+        return self._popen.returncode
+
+
+def spawn_group(argv: Sequence[str], *, cwd: Path, env: dict[str, str]) -> GroupProcess:
+    """Start ``argv`` as the leader of a new session and process group, stdin empty.
+
+    Started from the calling thread itself, not a worker thread as ``trio.run_process``
+    does: a sandboxed command dies with its parent *thread* (bwrap's ``--die-with-parent``
+    is ``PR_SET_PDEATHSIG``), and Trio's idle worker threads exit after 10 s, which killed
+    every command running longer than that. The event loop's thread lives as long as the
+    harness. The fork and exec block the loop for about a millisecond.
+    """
+    read_end, write_end = os.pipe()
+    try:
+        popen = subprocess.Popen(
+            list(argv),
+            cwd=cwd,
+            env=env,
+            start_new_session=True,  # own process group: one killpg reaches every child
+            stdin=subprocess.DEVNULL,  # a prompt fails at once instead of hanging
+            stdout=write_end,
+            stderr=write_end,
+        )
+    except BaseException:
+        os.close(read_end)
+        raise
+    finally:
+        os.close(write_end)
+    return GroupProcess(popen, trio.lowlevel.FdStream(read_end))
 
 
 def group_alive(pgid: int) -> bool:
