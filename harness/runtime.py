@@ -17,6 +17,8 @@ ledger), then lets the writer drain before the ledger closes.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
@@ -33,7 +35,7 @@ from harness.actors.question import Question
 from harness.actors.session import SessionServices
 from harness.actors.supervisor import Supervisor
 from harness.agents import get_agent
-from harness.config import Config
+from harness.config import Config, SocketPathError, default_home
 from harness.logs import configure_logging
 from harness.messages import ids
 from harness.messages.events import Event, NewEvent, TurnResult
@@ -470,6 +472,16 @@ async def open_harness(config: Config | None = None) -> AsyncIterator[Harness]:
             yield harness
 
 
+def _own_paths(config: Config) -> list[Path]:
+    """What a command must not reach: this harness's home and socket, and the default
+    home's, where a daemon of the same user may listen (its socket approves asks)."""
+    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    paths = [config.home, default_home(), Path(data) / "harness"]
+    with contextlib.suppress(SocketPathError):
+        paths.append(config.socket_path)
+    return paths
+
+
 @asynccontextmanager
 async def _open_harness(config: Config) -> AsyncIterator[Harness]:
     ledger = Ledger(config.ledger_path, durability=config.durability)
@@ -478,7 +490,10 @@ async def _open_harness(config: Config) -> AsyncIterator[Harness]:
     question = Question(ledger, interactive=config.interactive)
     tools = builtin_tools()
     sandbox = Sandbox.open(
-        config.sandbox, bwrap=config.sandbox_bwrap, secret_env=config.secret_env
+        config.sandbox,
+        bwrap=config.sandbox_bwrap,
+        secret_env=config.secret_env,
+        hidden=_own_paths(config),
     )
     if sandbox.notice is not None:
         log.warning(

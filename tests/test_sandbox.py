@@ -207,6 +207,47 @@ async def test_the_network_is_off_unless_bash_network_allows_it(
     assert output == "connected"
 
 
+# --- harness's own home and socket, and the machine's service sockets ---------------------
+
+
+async def test_unix_sockets_that_give_control_are_hidden_without_network(
+    bwrap: str, workspace: Path, outside: Path
+) -> None:
+    home = outside / "home"
+    home.mkdir()
+    (home / "ledger.db").write_text("every session's history")
+    path = outside / "harness.sock"
+    connect = (
+        "python3 -c 'import socket, sys; s = socket.socket(socket.AF_UNIX); "
+        "s.connect(sys.argv[1]); print(\"connected\")' "
+    )
+    command = f"{connect} {path}; cat {home}/ledger.db"
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(path))
+        server.listen(1)
+        # A Unix socket is a file: the network namespace alone does not cut it.
+        output, _ = await run(context(workspace, sandbox()), command)
+        assert output.startswith("connected\n")
+        assert "every session's history" in output
+
+        hiding = sandbox(hidden=[home, path])
+        for network in (False, True):
+            output, _ = await run(context(workspace, hiding, network=network), command)
+            assert "connected" not in output and "Connection refused" in output
+            assert "every session's history" not in output and "No such file" in output
+
+
+async def test_the_loop_hides_its_home_from_commands(
+    bwrap: str, tmp_path: Path, workspace: Path, outside: Path
+) -> None:
+    home = outside / "home"
+    turns = bash_turns(f"ls -A {home}; test -e {home}/ledger.db && echo visible")
+    async with loop(tmp_path, workspace, turns, home=home) as (h, sid):
+        [output] = await outputs(h, sid)
+        assert (home / "ledger.db").exists()
+    assert "visible" not in output and "ledger.db" not in output
+
+
 # --- killing ----------------------------------------------------------------------------
 
 
@@ -355,8 +396,8 @@ async def loop(
 ) -> AsyncIterator[tuple[Harness, str]]:
     provider = ScriptedProvider.from_turns(turns)
     rules = [Rule(permission="bash", pattern="*", action="allow"), *config.pop("rules", [])]
+    config.setdefault("home", tmp_path / "home")
     cfg = Config(
-        home=tmp_path / "home",
         model=f"scripted:{tmp_path / 'unused.json'}",
         provider_factory=lambda model: provider,
         interactive=False,

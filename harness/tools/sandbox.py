@@ -24,6 +24,14 @@ the namespace's init dies (with bwrap, through ``--die-with-parent``, or when th
 exits) the kernel kills everything left inside, even a process that left the group with
 ``setsid``.
 
+Turning the network off does not cut Unix sockets: they are files, and a command that can
+open harness's own socket can approve its own permission asks, and one that reaches a
+container engine or the system bus can start anything outside the sandbox. So the
+sandbox hides, wherever they exist: harness's home and socket (``hidden``, from the
+config), the user's runtime directory (``$XDG_RUNTIME_DIR``: the session bus, user
+services) and the container and system-bus sockets (``SYSTEM_SOCKETS``). Other sockets on
+the filesystem stay reachable.
+
 Whether bwrap works is probed once per binary; where it is missing or cannot build a
 sandbox (no user namespaces), commands run unsandboxed and ``Sandbox.unavailable`` says
 why, for the notice on stderr and the ``sandbox.unavailable`` event.
@@ -56,6 +64,16 @@ _BASE = (
     "--unshare-pid",
     "--die-with-parent",
 )  # fmt: skip
+
+# Sockets that hand out control of the machine: container engines, the system bus, systemd.
+SYSTEM_SOCKETS = (
+    "/run/docker.sock",
+    "/run/containerd",
+    "/run/podman",
+    "/run/dbus",
+    "/run/systemd/private",
+    "/run/snapd.socket",
+)
 
 # What a command prints when the sandbox stopped it; only then does the result say why.
 _READ_ONLY_TELLS = ("Read-only file system",)
@@ -126,19 +144,26 @@ class Sandbox:
     bwrap: str | None = None
     unavailable: str | None = None  # why ``requested`` could not be had
     secret_env: tuple[str, ...] = ()  # credential names from config, on top of the known ones
+    hidden: tuple[str, ...] = ()  # harness's own home and socket: invisible to commands
 
     @classmethod
     def open(
-        cls, requested: SandboxMode, *, bwrap: str = "bwrap", secret_env: Iterable[str] = ()
+        cls,
+        requested: SandboxMode,
+        *,
+        bwrap: str = "bwrap",
+        secret_env: Iterable[str] = (),
+        hidden: Iterable[str | Path] = (),
     ) -> Sandbox:
         """The sandbox ``requested``, or ``off`` with the reason where bwrap does not work."""
         secrets = tuple(secret_env)
         if requested == "off":
             return cls(secret_env=secrets)
+        masked = tuple(str(path) for path in hidden)
         path, reason = probe(bwrap)
         if reason is not None or path is None:
             return cls("off", requested, path, reason or "no bwrap", secrets)
-        return cls(requested, requested, path, None, secrets)
+        return cls(requested, requested, path, None, secrets, masked)
 
     @property
     def notice(self) -> str | None:
@@ -159,12 +184,17 @@ class Sandbox:
         args = [self.bwrap, *_BASE]
         if not network:
             args.append("--unshare-net")
+        # A mask that holds the session directory goes first, so the directory shows
+        # through it; one inside the directory goes after, so it stays hidden.
+        masks = _masks([*self.hidden, os.environ.get("XDG_RUNTIME_DIR", ""), *SYSTEM_SOCKETS])
+        args += [arg for path, mask in masks if _holds(path, directory) for arg in mask]
         if self.mode == "workspace-write":
             args += ["--bind", place, place]
             args += [arg for git in _git_dirs(directory) for arg in ("--ro-bind", git, git)]
         else:
             # Mounted again so that a directory under /tmp shows through the private tmpfs.
             args += ["--ro-bind", place, place]
+        args += [arg for path, mask in masks if not _holds(path, directory) for arg in mask]
         env["TMPDIR"] = "/tmp"
         return Launch([*args, "--chdir", place, "--", *argv], env)
 
@@ -189,9 +219,29 @@ class Sandbox:
             notes.append(
                 "(sandbox: the command has no network, not even the host's localhost; the "
                 "permission bash_network allows it: --allow bash_network, or "
-                "--allow 'bash_network:<command pattern>')"
+                "--allow 'bash_network:<command pattern>'. harness's own socket and the "
+                "system's service sockets stay hidden either way)"
             )
         return "\n".join(notes) or None
+
+
+def _masks(paths: Iterable[str]) -> list[tuple[Path, list[str]]]:
+    """The bwrap arguments that hide each existing path: a tmpfs over a directory,
+    /dev/null over anything else (a socket). Paths under /tmp are hidden already."""
+    masks: list[tuple[Path, list[str]]] = []
+    for name in dict.fromkeys(paths):
+        if not name:
+            continue
+        path = Path(os.path.realpath(name))
+        if path == Path("/tmp") or Path("/tmp") in path.parents or not path.exists():
+            continue
+        mask = ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
+        masks.append((path, mask))
+    return masks
+
+
+def _holds(path: Path, directory: Path) -> bool:
+    return path == directory or path in directory.parents
 
 
 def _git_dirs(directory: Path) -> list[str]:
