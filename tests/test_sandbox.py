@@ -132,6 +132,26 @@ async def test_a_sibling_under_tmp_is_out_of_reach(bwrap: str, workspace: Path) 
     assert "No such file or directory" in output
 
 
+async def test_root_gets_no_capabilities_to_undo_the_sandbox(
+    bwrap: str, workspace: Path, outside: Path
+) -> None:
+    # As root, bwrap keeps every capability by default: `mount -o remount,rw /` worked and
+    # the write after it reached the host. /proc/sys is only probed (`test -w`), never
+    # written: were it writable, a write would change the host's kernel settings.
+    command = (
+        "grep CapEff /proc/self/status; mount -o remount,rw / 2>/dev/null; "
+        f"echo x > {outside}/after-remount; "
+        "test -w /proc/sys/kernel/core_pattern && echo sysctl-writable; "
+        "unshare -Urm sh -c 'mount -o remount,rw /' 2>/dev/null; "
+        f"echo y > {outside}/after-userns"
+    )
+    output, _ = await run(context(workspace, sandbox()), command)
+    assert output.splitlines()[0].split() == ["CapEff:", "0000000000000000"]
+    assert "sysctl-writable" not in output
+    assert not (outside / "after-remount").exists()
+    assert not (outside / "after-userns").exists()
+
+
 async def test_git_stays_read_only_in_workspace_write(bwrap: str, workspace: Path) -> None:
     await trio.run_process(["git", "init", "-q", str(workspace)])
     config = workspace / ".git" / "config"

@@ -55,13 +55,19 @@ SANDBOX_MODES: tuple[SandboxMode, ...] = ("workspace-write", "read-only", "off")
 DEFAULT_SANDBOX: SandboxMode = "workspace-write"
 PROBE_SECONDS = 10.0
 
-# Mounted for every sandboxed command, in this order: the later mounts go on top.
+# Mounted for every sandboxed command, in this order: the later mounts go on top. Run as
+# root, bwrap keeps every capability unless told otherwise, and with CAP_SYS_ADMIN a
+# command simply remounts / read-write; and uid 0 may write /proc/sys (core_pattern runs a
+# program as root on the host), which bwrap leaves writable in its fresh /proc.
 _BASE = (
     "--ro-bind", "/", "/",
     "--dev", "/dev",
     "--proc", "/proc",
+    "--ro-bind-try", "/proc/sys", "/proc/sys",
     "--tmpfs", "/tmp",
     "--unshare-pid",
+    "--unshare-ipc",
+    "--cap-drop", "ALL",
     "--die-with-parent",
 )  # fmt: skip
 
