@@ -387,8 +387,6 @@ async def _run_async(config: Any, args: argparse.Namespace, text: str, directory
 
     try:
         async with open_harness(config) as h:
-            if h.sandbox.notice is not None:
-                print(f"harness: {h.sandbox.notice}", file=sys.stderr)
             try:
                 if args.session:
                     session = h.session(args.session)
@@ -435,8 +433,13 @@ class _Display:
         self.session_id = session_id
         self.json = json_mode
         self._err: TextIO = sys.stderr
+        self._sandbox_noticed = False
 
     def show(self, event: Event | WireEvent) -> None:
+        if event.type == "sandbox.unavailable" and not self._sandbox_noticed:
+            # On stderr even with --json: the one line that says commands ran unsandboxed.
+            self._sandbox_noticed = True
+            print(f"harness: {event.data.get('notice')}", file=self._err, flush=True)
         if self.json:
             print(event.to_json(), flush=True)
             return

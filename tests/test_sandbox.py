@@ -536,7 +536,9 @@ def test_run_says_on_stderr_when_the_sandbox_is_unavailable(
     assert quiet.returncode == 0 and "sandbox" not in quiet.stderr
 
 
-def test_serve_logs_an_unavailable_sandbox_as_a_json_line(tmp_path: Path) -> None:
+def test_serve_logs_an_unavailable_sandbox_and_run_through_it_says_so(
+    tmp_path: Path, workspace: Path
+) -> None:
     import json
 
     from harness.client import Client
@@ -561,6 +563,13 @@ def test_serve_logs_an_unavailable_sandbox_as_a_json_line(tmp_path: Path) -> Non
             assert time.monotonic() < deadline, "the daemon never answered"
             time.sleep(0.02)
         assert client.health()["sandbox"] == "off"
+        answer = Path(__file__).parent.parent / "examples" / "answer.json"
+        args = ("run", "--model", f"scripted:{answer}", "--dir", str(workspace), "hi")
+        through = cli(tmp_path, *args, PATH=str(empty), HARNESS_SOCKET=env["HARNESS_SOCKET"])
+        assert through.returncode == 0, through.stderr
+        assert len(client.sessions()) == 1  # it went through the daemon
+        [line] = [x for x in through.stderr.splitlines() if "sandbox" in x]
+        assert line.startswith("harness: sandbox unavailable (bubblewrap (bwrap) was not found)")
     finally:
         daemon.terminate()
         daemon.wait(timeout=15)

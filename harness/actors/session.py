@@ -369,7 +369,11 @@ class SessionActor:
         sandbox = self._services.sandbox
         if sandbox.unavailable is not None:
             # In each turn's record: its commands ran without the sandbox asked for.
-            notice = {"requested": sandbox.requested, "reason": sandbox.unavailable}
+            notice = {
+                "requested": sandbox.requested,
+                "reason": sandbox.unavailable,
+                "notice": sandbox.notice,
+            }
             events.append(NewEvent("sandbox.unavailable", self.session_id, notice))
         await self._ledger.write(events)
         # Derived, not asked of the model: a run sends no side requests by default.
