@@ -757,6 +757,7 @@ def _serve(args: argparse.Namespace) -> int:
     from harness.logs import configure_logging
     from harness.server import DaemonRunning, serve
     from harness.storage.ledger import LedgerError
+
     # An unavailable sandbox is a warning in the log (stderr, one JSON object a line).
     config = Config.from_env(durability=args.durability, sandbox=args.sandbox)
     log_file = Path(args.log_file).expanduser() if args.log_file else None
