@@ -257,6 +257,29 @@ async def test_unix_sockets_that_give_control_are_hidden_without_network(
             assert "every session's history" not in output and "No such file" in output
 
 
+async def test_the_runtime_directory_is_hidden(
+    bwrap: str, workspace: Path, outside: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime = outside / "run-user"
+    (runtime / "bus").mkdir(parents=True)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    output, _ = await run(context(workspace, sandbox()), f"ls -A {runtime}; echo end")
+    assert output == "end"
+
+
+def test_the_harness_hides_its_home_and_its_socket_wherever_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from harness.runtime import _own_paths
+
+    monkeypatch.setenv("HARNESS_SOCKET", "/var/tmp/elsewhere/h.sock")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    paths = _own_paths(Config(home=tmp_path / "home"))
+    assert tmp_path / "home" in paths
+    assert Path("/var/tmp/elsewhere/h.sock") in paths
+    assert tmp_path / "data" / "harness" in paths  # the default home, where a daemon may be
+
+
 async def test_the_loop_hides_its_home_from_commands(
     bwrap: str, tmp_path: Path, workspace: Path, outside: Path
 ) -> None:
