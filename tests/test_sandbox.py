@@ -350,6 +350,15 @@ async def test_a_long_command_outlives_the_worker_thread_that_could_have_started
     assert meta["exit"] == 0
 
 
+async def test_the_command_inherits_no_descriptor_but_its_three(
+    bwrap: str, workspace: Path
+) -> None:
+    # bwrap's status pipe included: a command that could write to it could lie about the
+    # sandbox's init. (fd 3 is ls's own, the directory it lists.)
+    output, _ = await run(context(workspace, sandbox()), "ls /proc/self/fd")
+    assert output.split() == ["0", "1", "2", "3"]
+
+
 async def test_a_signal_death_is_named(bwrap: str, workspace: Path) -> None:
     output, meta = await run(context(workspace, sandbox()), "kill -9 $$")
     assert meta["exit"] == 137

@@ -25,8 +25,8 @@ from harness.tools.base import (
     ToolOutput,
     ToolParams,
 )
-from harness.tools.process import kill_process_group, spawn_group
-from harness.tools.sandbox import Sandbox
+from harness.tools.process import kill_process_group, spawn_group, wait_gone
+from harness.tools.sandbox import Sandbox, StatusPipe
 from harness.tools.truncate import MAX_BYTES, MAX_LINES
 
 DEFAULT_TIMEOUT_MS = 120_000
@@ -48,6 +48,9 @@ DRAIN_SECONDS = 0.5
 # Reaping a SIGKILLed leader is immediate unless it is stuck in the kernel; do not hang the
 # caller's cleanup on that.
 REAP_SECONDS = 5.0
+# A sandbox's PID namespace is emptied by the kernel within a millisecond of its init
+# exiting; past this, something is wrong and the kill takes over.
+NAMESPACE_SECONDS = 0.2
 TITLE_CHARS = 60
 
 DESCRIPTION = f"""\
@@ -221,13 +224,22 @@ class BashTool(Tool[BashParams]):
         sandbox = ctx.sandbox or Sandbox()
         # Asked of the rules alone, never of a person: "ask" (the default) means no network.
         network = sandbox.mode == "off" or ctx.allows("bash_network", args.command)
-        launch = sandbox.command(["bash", "-c", args.command], ctx.directory, network=network)
+        status = StatusPipe() if sandbox.mode != "off" else None
+        launch = sandbox.command(
+            ["bash", "-c", args.command], ctx.directory, network=network, status=status
+        )
         try:
-            proc = spawn_group(launch.argv, cwd=ctx.directory, env=launch.env)
+            proc = spawn_group(
+                launch.argv, cwd=ctx.directory, env=launch.env, pass_fds=launch.pass_fds
+            )
         except OSError as error:
+            if status is not None:
+                status.close()
             raise ToolFailure(
                 f"could not start bash in {ctx.directory}: {error.strerror or error}"
             ) from error
+        if status is not None:
+            status.close_write_end()
         stdout = proc.stdout
         pgid = proc.pid  # start_new_session makes the leader's pid the group id
         output = _OutputBuffer(ctx.output_dir / f"{ctx.call_id}.log")
@@ -241,6 +253,11 @@ class BashTool(Tool[BashParams]):
                 with trio.move_on_after(timeout_ms / 1000) as deadline:
                     await proc.wait()
                 timed_out = deadline.cancelled_caught
+                init = status.init_pid() if status is not None and not timed_out else None
+                if init is not None:
+                    # The namespace is being emptied: wait for that rather than signal it.
+                    with trio.move_on_after(NAMESPACE_SECONDS):
+                        await wait_gone(init)
                 # Background jobs hold the pipe open; the call ends with its command, so
                 # they go now, and then the pipe reaches EOF with everything they wrote.
                 await kill_process_group(pgid)
@@ -257,6 +274,8 @@ class BashTool(Tool[BashParams]):
                     await proc.wait()
                 await stdout.aclose()
                 await output.close()
+                if status is not None:
+                    status.close()
         # The tail is what the model sees, and where the errno text of a failure is.
         why = None if timed_out else sandbox.explain(
             bytes(output.tail[-8192:]).decode("utf-8", "replace"), ctx.directory, network=network

@@ -51,7 +51,9 @@ class GroupProcess:
         return self._popen.returncode
 
 
-def spawn_group(argv: Sequence[str], *, cwd: Path, env: dict[str, str]) -> GroupProcess:
+def spawn_group(
+    argv: Sequence[str], *, cwd: Path, env: dict[str, str], pass_fds: Sequence[int] = ()
+) -> GroupProcess:
     """Start ``argv`` as the leader of a new session and process group, stdin empty.
 
     Started from the calling thread itself, not a worker thread as ``trio.run_process``
@@ -70,6 +72,7 @@ def spawn_group(argv: Sequence[str], *, cwd: Path, env: dict[str, str]) -> Group
             stdin=subprocess.DEVNULL,  # a prompt fails at once instead of hanging
             stdout=write_end,
             stderr=write_end,
+            pass_fds=tuple(pass_fds),
         )
     except BaseException:
         os.close(read_end)
@@ -77,6 +80,18 @@ def spawn_group(argv: Sequence[str], *, cwd: Path, env: dict[str, str]) -> Group
     finally:
         os.close(write_end)
     return GroupProcess(popen, trio.lowlevel.FdStream(read_end))
+
+
+async def wait_gone(pid: int) -> None:
+    """Wait for process ``pid`` (not necessarily our child) to exit; cancellable."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:  # gone already (or no pidfd here: the caller's kill polls instead)
+        return
+    try:
+        await trio.lowlevel.wait_readable(pidfd)
+    finally:
+        os.close(pidfd)
 
 
 def group_alive(pgid: int) -> bool:

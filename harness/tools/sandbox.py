@@ -40,6 +40,7 @@ why, for the notice on stderr and the ``sandbox.unavailable`` event.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import subprocess
@@ -135,10 +136,51 @@ def probe(bwrap: str = "bwrap") -> tuple[str | None, str | None]:
 
 @dataclass(frozen=True, slots=True)
 class Launch:
-    """How to start a command: the argv to exec and its environment."""
+    """How to start a command: the argv to exec, its environment, the fds it inherits."""
 
     argv: list[str]
     env: dict[str, str]
+    pass_fds: tuple[int, ...] = ()
+
+
+class StatusPipe:
+    """Where bwrap says which process is the sandbox's init (``--json-status-fd``).
+
+    bwrap exits as soon as its init reports the command's exit status, while the kernel is
+    still emptying the PID namespace; the caller's kill would find the group alive and
+    signal and poll it. Waiting for the init itself to exit is exact: the kernel has
+    killed and reaped everything else in the namespace by then.
+    """
+
+    def __init__(self) -> None:
+        self.read_end, self.write_end = os.pipe()
+        os.set_blocking(self.read_end, False)
+
+    def close_write_end(self) -> None:
+        if self.write_end >= 0:
+            os.close(self.write_end)
+            self.write_end = -1
+
+    def init_pid(self) -> int | None:
+        """The init's pid, once bwrap has written it (it does before the command runs)."""
+        try:
+            data = os.read(self.read_end, 4096)
+        except OSError:
+            return None
+        for line in data.decode("utf-8", "replace").splitlines():
+            try:
+                pid = json.loads(line).get("child-pid")
+            except (ValueError, AttributeError):
+                continue
+            if isinstance(pid, int) and pid > 1:
+                return pid
+        return None
+
+    def close(self) -> None:
+        self.close_write_end()
+        if self.read_end >= 0:
+            os.close(self.read_end)
+            self.read_end = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,8 +223,16 @@ class Sandbox:
             "install bubblewrap, or pass --sandbox off to silence this"
         )
 
-    def command(self, argv: Sequence[str], directory: Path, *, network: bool) -> Launch:
-        """Wrap ``argv``, to run in ``directory``; ``network`` lets it reach the network."""
+    def command(
+        self,
+        argv: Sequence[str],
+        directory: Path,
+        *,
+        network: bool,
+        status: StatusPipe | None = None,
+    ) -> Launch:
+        """Wrap ``argv``, to run in ``directory``; ``network`` lets it reach the network;
+        bwrap reports to ``status``."""
         env = tool_environment(self.secret_env)
         if self.mode == "off" or self.bwrap is None:
             return Launch(list(argv), env)
@@ -202,7 +252,11 @@ class Sandbox:
             args += ["--ro-bind", place, place]
         args += [arg for path, mask in masks if not _holds(path, directory) for arg in mask]
         env["TMPDIR"] = "/tmp"
-        return Launch([*args, "--chdir", place, "--", *argv], env)
+        fds: tuple[int, ...] = ()
+        if status is not None:
+            fds = (status.write_end,)
+            args += ["--json-status-fd", str(status.write_end)]
+        return Launch([*args, "--chdir", place, "--", *argv], env, fds)
 
     def explain(self, output: str, directory: Path, *, network: bool) -> str | None:
         """Why the sandbox stopped the command, when its output shows that it did."""
