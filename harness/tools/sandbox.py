@@ -53,7 +53,6 @@ from harness.secrets import tool_environment
 
 SandboxMode = Literal["workspace-write", "read-only", "off"]
 SANDBOX_MODES: tuple[SandboxMode, ...] = ("workspace-write", "read-only", "off")
-DEFAULT_SANDBOX: SandboxMode = "workspace-write"
 PROBE_SECONDS = 10.0
 
 # Mounted for every sandboxed command, in this order: the later mounts go on top. Run as
