@@ -13,7 +13,9 @@ repository (so the ``.git`` read-only mount is paid for). Settings: the sandbox 
 ``workspace-write`` with network (``bash_network`` allowed), and ``read-only``. The
 settings alternate call by call, so load from other processes falls on all of them alike;
 each figure is the median over the rounds of that round's percentile. The added cost is
-the difference of the p50s.
+the difference of the p50s. Wall time on a loaded machine stretches with the load, so the
+CPU time per call (this process and its children: bwrap, bash; ``getrusage``) is given
+too: the mean, the figure that load does not move.
 
 Figures are written to ``benchmarks/results/sandbox.json``.
 """
@@ -22,7 +24,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -72,18 +76,26 @@ def _percentile(samples: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))]
 
 
-async def _round(directory: Path, calls: int) -> dict[str, list[float]]:
+def _cpu() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+async def _round(directory: Path, calls: int) -> tuple[dict[str, list[float]], dict[str, float]]:
     tool = BashTool()
     params = BashParams(command="true")
     contexts = {name: _context(directory, *setting) for name, setting in SETTINGS.items()}
     samples: dict[str, list[float]] = {name: [] for name in SETTINGS}
+    cpu = dict.fromkeys(SETTINGS, 0.0)
     for _ in range(calls):
         for name, ctx in contexts.items():
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), _cpu()
             result = await tool.execute(params, ctx)
             samples[name].append((time.perf_counter() - start) * 1000)
+            cpu[name] += (_cpu() - cpu_start) * 1000 / calls
             assert result.metadata["exit"] == 0, result.output
-    return samples
+    return samples, cpu
 
 
 def main() -> int:
@@ -94,31 +106,37 @@ def main() -> int:
     args = parser.parse_args()
 
     rounds: list[dict[str, list[float]]] = []
+    cpus: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="harness-bench-sandbox-") as tmp:
         directory = Path(tmp, "project").resolve()
         directory.mkdir()
         subprocess.run(["git", "init", "-q", str(directory)], check=True)
         for _ in range(args.rounds):
-            rounds.append(trio.run(_round, directory, args.calls))
+            samples, cpu = trio.run(_round, directory, args.calls)
+            rounds.append(samples)
+            cpus.append(cpu)
 
     figures: dict[str, dict[str, float]] = {}
     for name in SETTINGS:
         figures[name] = {
             "p50_ms": statistics.median(_percentile(r[name], 0.5) for r in rounds),
             "p90_ms": statistics.median(_percentile(r[name], 0.9) for r in rounds),
+            "cpu_ms": statistics.median(c[name] for c in cpus),
         }
     base = figures["off"]["p50_ms"]
     print(f"{args.calls} `true` calls per setting, {args.rounds} rounds (median of rounds)")
-    print(f"{'setting':<28} {'p50 ms':>8} {'p90 ms':>8} {'added p50':>10}")
+    print(f"{'setting':<28} {'p50 ms':>8} {'p90 ms':>8} {'added p50':>10} {'CPU ms':>8}")
     for name, row in figures.items():
         row["added_p50_ms"] = row["p50_ms"] - base
         print(
-            f"{name:<28} {row['p50_ms']:8.2f} {row['p90_ms']:8.2f} {row['added_p50_ms']:10.2f}"
+            f"{name:<28} {row['p50_ms']:8.2f} {row['p90_ms']:8.2f} "
+            f"{row['added_p50_ms']:10.2f} {row['cpu_ms']:8.2f}"
         )
     added = figures["workspace-write"]["added_p50_ms"]
     out: dict[str, Any] = {
         "calls": args.calls,
         "rounds": args.rounds,
+        "load_average": os.getloadavg(),
         "python": platform.python_version(),
         "bwrap": subprocess.run(
             ["bwrap", "--version"], capture_output=True, text=True, check=False
