@@ -611,6 +611,13 @@ def test_serve_logs_an_unavailable_sandbox_and_run_through_it_says_so(
     assert warning["requested"] == "workspace-write" and "not found" in warning["reason"]
 
 
+def _is_sleep(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sleep\0")
+    except OSError:  # gone meanwhile
+        return False
+
+
 def test_a_sandboxed_command_dies_with_a_killed_harness(
     bwrap: str, tmp_path: Path, workspace: Path
 ) -> None:
@@ -633,8 +640,10 @@ def test_a_sandboxed_command_dies_with_a_killed_harness(
         stderr=subprocess.DEVNULL,
     )
     try:
+        # The sleep itself, not bwrap (whose command line holds it too): by then bwrap has
+        # set up everything, its parent-death signal included.
         deadline = time.monotonic() + 15
-        while not live_processes(f"sleep {marker}"):
+        while not any(_is_sleep(pid) for pid in live_processes(marker)):
             assert run.poll() is None, "harness run ended before its command started"
             assert time.monotonic() < deadline, "the command never started"
             time.sleep(0.02)
