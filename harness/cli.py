@@ -49,6 +49,11 @@ _DURABILITY_HELP = (
     "normal (default): a commit survives a crash of the process; "
     "full: it also survives a power loss (an fsync per commit batch)"
 )
+_SANDBOX_MODES = ("workspace-write", "read-only", "off")  # harness/tools/sandbox.py
+_SANDBOX_HELP = (
+    "what commands run under: workspace-write (default: only the session directory and "
+    "a private /tmp writable, no network), read-only, or off ($HARNESS_SANDBOX)"
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -109,6 +114,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="write every provider exchange to this JSON-lines cassette (replay:FILE plays it)",
     )
+    run.add_argument("--sandbox", choices=_SANDBOX_MODES, help=_SANDBOX_HELP)
 
     serve = commands.add_parser("serve", help="run the daemon: the HTTP API on a Unix socket")
     serve.add_argument(
@@ -116,6 +122,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--log-file", help="write the JSON log lines to this file, not stderr")
     serve.add_argument("--durability", choices=("normal", "full"), help=_DURABILITY_HELP)
+    serve.add_argument("--sandbox", choices=_SANDBOX_MODES, help=_SANDBOX_HELP)
 
     sessions = commands.add_parser("sessions", help="list sessions")
     sessions.add_argument("--json", action="store_true", help="print JSON")
@@ -371,6 +378,7 @@ def _run(args: argparse.Namespace) -> int:
         budget_cost=args.budget_cost,
         budget_time=args.budget_time,
         show_request=args.show_request or None,
+        sandbox=args.sandbox,
     )
     config.log_file = config.home / "logs" / f"run-{time.strftime('%Y%m%d')}.jsonl"
     return trio.run(_run_async, config, args, text, directory)
@@ -402,7 +410,24 @@ def _daemon_can_take(args: argparse.Namespace) -> bool:
         return False  # these configure this process's harness
     if args.record is not None:
         return False  # the cassette records this process's provider calls
-    return args.durability is None  # the daemon's ledger is opened with its own setting
+    if args.durability is not None:
+        return False  # the daemon's ledger is opened with the daemon's own setting
+    # The daemon's commands run under the daemon's sandbox.
+    return args.sandbox is None or args.sandbox == _daemon_sandbox()
+
+
+def _daemon_sandbox() -> str | None:
+    """The sandbox the daemon's commands run under, or None when no daemon answers."""
+    from harness.client import ApiError, DaemonUnavailable
+
+    client = _client()
+    if client is None:
+        return None
+    try:
+        mode = client.health().get("sandbox")
+    except (DaemonUnavailable, OSError, ApiError, ValueError):
+        return None
+    return mode if isinstance(mode, str) else None
 
 
 async def _run_async(config: Any, args: argparse.Namespace, text: str, directory: Path) -> int:
@@ -473,8 +498,13 @@ class _Display:
         self.session_id = session_id
         self.json = json_mode
         self._err: TextIO = sys.stderr
+        self._sandbox_noticed = False
 
     def show(self, event: Event | WireEvent) -> None:
+        if event.type == "sandbox.unavailable" and not self._sandbox_noticed:
+            # On stderr even with --json: the one line that says commands ran unsandboxed.
+            self._sandbox_noticed = True
+            print(f"harness: {event.data.get('notice')}", file=self._err, flush=True)
         if self.json:
             print(event.to_json(), flush=True)
             return
@@ -815,7 +845,8 @@ def _serve(args: argparse.Namespace) -> int:
     from harness.server import DaemonRunning, serve
     from harness.storage.ledger import LedgerError
 
-    config = Config.from_env(durability=args.durability)
+    # An unavailable sandbox is a warning in the log (stderr, one JSON object a line).
+    config = Config.from_env(durability=args.durability, sandbox=args.sandbox)
     log_file = Path(args.log_file).expanduser() if args.log_file else None
     configure_logging(level=config.log_level, format=config.log_format, file=log_file)
     log = structlog.get_logger("harness.serve")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from harness.messages.model import Rule
     from harness.providers.base import Provider
+    from harness.tools.sandbox import SandboxMode
 
 DEFAULT_MODEL = "mistral/devstral-medium-latest"
 
@@ -70,9 +71,24 @@ class Config:
     session_idle_seconds: float | None = 10.0
     provider_factory: Callable[[str], Provider] | None = None
     record: Path | None = None  # append every provider HTTP exchange to this cassette
+    # What tools' subprocesses run under (DESIGN §8, Sandbox); falls back to "off", with a
+    # notice, where bubblewrap does not work. ``sandbox_bwrap``: the binary, or its name.
+    sandbox: SandboxMode = "workspace-write"
+    sandbox_bwrap: str = "bwrap"
+    # Environment variables kept from tools' subprocesses, on top of the credentials
+    # harness knows (harness/secrets.py).
+    secret_env: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         self.home = Path(self.home).expanduser()
+        from harness.tools.sandbox import parse_sandbox_mode
+
+        try:
+            self.sandbox = parse_sandbox_mode(str(self.sandbox), "Config.sandbox")
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        names = self.secret_env
+        self.secret_env = (names,) if isinstance(names, str) else tuple(names)
         if self.record is not None:
             self.record = Path(self.record).expanduser()
 
@@ -95,6 +111,13 @@ class Config:
                     f"HARNESS_DURABILITY={env['HARNESS_DURABILITY']!r}: expected 'normal' or 'full'"
                 )
             values["durability"] = durability
+        if env.get("HARNESS_SANDBOX"):
+            from harness.tools.sandbox import parse_sandbox_mode
+
+            try:
+                values["sandbox"] = parse_sandbox_mode(env["HARNESS_SANDBOX"], "HARNESS_SANDBOX")
+            except ValueError as error:
+                raise ConfigError(str(error)) from None
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
 

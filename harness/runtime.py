@@ -17,6 +17,8 @@ ledger), then lets the writer drain before the ledger closes.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
@@ -33,7 +35,7 @@ from harness.actors.question import Question
 from harness.actors.session import SessionServices
 from harness.actors.supervisor import Supervisor
 from harness.agents import get_agent
-from harness.config import Config
+from harness.config import Config, SocketPathError, default_home
 from harness.logs import configure_logging
 from harness.messages import ids
 from harness.messages.events import Event, NewEvent, TurnResult
@@ -57,6 +59,7 @@ from harness.secrets import refresh_secrets
 from harness.storage.ledger import Ledger
 from harness.storage.lock import LockHolder, hold_ledger
 from harness.tools.registry import builtin_tools, tool_specs
+from harness.tools.sandbox import Sandbox
 
 log = structlog.get_logger("harness")
 
@@ -83,8 +86,10 @@ class Harness:
         permission: Permission,
         supervisor: Supervisor,
         question: Question,
+        sandbox: Sandbox | None = None,
     ) -> None:
         self.config = config
+        self.sandbox = sandbox or Sandbox()  # what tools' subprocesses run under
         self.ledger = ledger
         self._feed = feed
         self._permission = permission
@@ -539,6 +544,16 @@ async def open_harness(
             yield harness
 
 
+def _own_paths(config: Config) -> list[Path]:
+    """What a command must not reach: this harness's home and socket, and the default
+    home's, where a daemon of the same user may listen (its socket approves asks)."""
+    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    paths = [config.home, default_home(), Path(data) / "harness"]
+    with contextlib.suppress(SocketPathError):
+        paths.append(config.socket_path)
+    return paths
+
+
 @asynccontextmanager
 async def _open_harness(config: Config) -> AsyncIterator[Harness]:
     ledger = Ledger(config.ledger_path, durability=config.durability)
@@ -546,6 +561,19 @@ async def _open_harness(config: Config) -> AsyncIterator[Harness]:
     permission = Permission(ledger, interactive=config.interactive, yes=config.yes)
     question = Question(ledger, interactive=config.interactive)
     tools = builtin_tools()
+    sandbox = Sandbox.open(
+        config.sandbox,
+        bwrap=config.sandbox_bwrap,
+        secret_env=config.secret_env,
+        hidden=_own_paths(config),
+    )
+    if sandbox.notice is not None:
+        log.warning(
+            "sandbox unavailable",
+            requested=sandbox.requested,
+            reason=sandbox.unavailable,
+            notice=sandbox.notice,
+        )
     services = SessionServices(
         config=config,
         ledger=ledger,
@@ -554,6 +582,7 @@ async def _open_harness(config: Config) -> AsyncIterator[Harness]:
         tools=tools,
         tool_specs=tool_specs(tools),
         questions=question.mailbox,
+        sandbox=sandbox,
     )
     supervisor = Supervisor(services)
 
@@ -581,7 +610,7 @@ async def _open_harness(config: Config) -> AsyncIterator[Harness]:
                     await inner.start(question.run)
                     await inner.start(supervisor.run)
                     harness = Harness(
-                        config, ledger, feed.mailbox, permission, supervisor, question
+                        config, ledger, feed.mailbox, permission, supervisor, question, sandbox
                     )
                     try:
                         yield harness

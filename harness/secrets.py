@@ -23,6 +23,10 @@ eager for tool output (a test fixture holding a fake token is legitimate content
 What redaction cannot catch: a secret transformed before it is printed (base64, a slice,
 reversed). File snapshots (``blobs``) keep a file's exact bytes, compressed, since revert
 must restore them.
+
+A command the model runs is untrusted, so it is never handed a credential in the first
+place: every subprocess a tool starts gets ``tool_environment()``, the environment minus
+every credential variable (the same test, ``is_credential_name``, as for redaction).
 """
 
 from __future__ import annotations
@@ -41,8 +45,8 @@ MIN_SECRET_LENGTH = 8
 
 # A variable named like this holds a credential, whoever reads it.
 _CREDENTIAL_NAME = re.compile(
-    r"(?:^|_)(?:API_?KEY|TOKEN|SECRET|SECRET_KEY|PASSWORD|PASSWD|ACCESS_KEY|ACCESS_KEY_ID"
-    r"|PRIVATE_KEY|AUTH_TOKEN|CLIENT_SECRET)$",
+    r"(?:^|_)(?:API_?KEY|TOKEN|SECRET|SECRET_KEY|ACCESS_KEY|ACCESS_KEY_ID"
+    r"|PRIVATE_KEY|AUTH_TOKEN|CLIENT_SECRET)$|PASSWORD|PASSWD",
     re.IGNORECASE,
 )
 
@@ -78,8 +82,38 @@ _EMPTY = _Known((), (), 0)
 _known: _Known | None = None
 
 
-def is_credential_name(name: str) -> bool:
-    return name in CREDENTIAL_ENV_NAMES or _CREDENTIAL_NAME.search(name) is not None
+def is_credential_name(name: str, extra: Iterable[str] = ()) -> bool:
+    """Whether the variable ``name`` holds a credential (``extra``: names from config)."""
+    return (
+        name in CREDENTIAL_ENV_NAMES
+        or name in set(extra)
+        or _CREDENTIAL_NAME.search(name) is not None
+    )
+
+
+def credential_names(
+    extra: Iterable[str] = (), environ: Mapping[str, str] | None = None
+) -> list[str]:
+    """The credential variables: the known ones, ``extra``, and those set in ``environ``
+    (default ``os.environ``) whose names look like credentials."""
+    env = os.environ if environ is None else environ
+    extra = tuple(extra)
+    names = set(CREDENTIAL_ENV_NAMES) | set(extra)
+    names.update(name for name in env if is_credential_name(name, extra))
+    return sorted(names)
+
+
+def tool_environment(
+    extra: Iterable[str] = (), environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The environment a tool's subprocess gets: ``environ`` without any credential.
+
+    Every credential goes, not only the keys harness reads: a hostile command has no more
+    claim to a ``GITHUB_TOKEN`` or a ``DB_PASSWORD`` than to the provider key.
+    """
+    env = os.environ if environ is None else environ
+    secret = set(credential_names(extra, env))
+    return {name: value for name, value in env.items() if name not in secret}
 
 
 def known_secrets(
@@ -90,7 +124,7 @@ def known_secrets(
     extra = set(extra_names)
     found: dict[str, str] = {}
     for name, value in env.items():
-        if (name in extra or is_credential_name(name)) and len(value) >= MIN_SECRET_LENGTH:
+        if is_credential_name(name, extra) and len(value) >= MIN_SECRET_LENGTH:
             found[name] = value
     return found
 

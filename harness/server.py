@@ -195,7 +195,8 @@ def _session_or_404(h: Harness, session_id: str) -> Any:
 
 
 async def _health(h: Harness, request: Request) -> Response:
-    return Response(200, {"ok": True, "pid": os.getpid(), "last_seq": h.ledger.last_seq()})
+    body = {"ok": True, "pid": os.getpid(), "last_seq": h.ledger.last_seq()}
+    return Response(200, {**body, "sandbox": h.sandbox.mode})
 
 
 async def _create_session(h: Harness, request: Request) -> Response:

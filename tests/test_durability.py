@@ -99,7 +99,7 @@ def config_for(home: Path, provider: ScriptedProvider, **extra: Any) -> Config:
 async def test_a_crashed_runner_restarts_from_the_ledger_and_completes(
     tmp_path: Path, project: Path
 ) -> None:
-    counter = tmp_path / "counter"
+    counter = project / "counter"  # in the session directory: the sandbox lets bash write it
     turns = [
         {"tool_calls": [{"name": "bash", "arguments": {"command": f"echo x >> {counter}"}}]},
         {"text": "all done"},
@@ -415,6 +415,10 @@ def test_a_killed_daemon_resumes_sessions_cut_mid_tool_and_mid_stream(
     env: dict[str, str], tmp_path: Path, project: Path
 ) -> None:
     home = Path(env["HARNESS_HOME"])
+    # Unsandboxed: under the sandbox a command dies with its harness (bwrap's
+    # --die-with-parent, tests/test_sandbox.py), and this is about the orphans left where
+    # there is no sandbox to take them down.
+    env["HARNESS_SANDBOX"] = "off"
     count_a, count_b = tmp_path / "count-a", tmp_path / "count-b"
     orphan = "sleep 61.5151"  # a marker for the command the kill orphans
     slow_tool = {"command": f"echo a >> {count_a} && {orphan}"}
@@ -592,7 +596,7 @@ async def test_a_resume_that_lost_nothing_resends_the_interrupted_request_byte_f
     completed: the restarted daemon sends the model exactly the request it was answering,
     so it cannot tell a crash happened and does not do the work again (issue 12, item 1)."""
     home = Path(env["HARNESS_HOME"])
-    counter = tmp_path / "COUNTER"
+    counter = project / "COUNTER"  # inside the workspace: the sandbox lets bash write it
     call = {"command": f"echo line >> {counter}"}
     first = Reply(
         events=[

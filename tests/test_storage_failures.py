@@ -182,7 +182,11 @@ def test_a_full_disk_ends_the_turn_with_disk_full_and_leaves_it_resumable(
             ],
             "fill.json",
         )
-        result = harness(home, "run", "--yes", "--model", model, "--dir", str(project), "fill")
+        # The filler sits outside the workspace: only with the sandbox off can dd reach it.
+        result = harness(
+            home, "run", "--yes", "--sandbox", "off", "--model", model, "--dir", str(project),
+            "fill",
+        )
         assert result.returncode == 1, result.stderr
         assert "Traceback" not in result.stderr
         errors = [line for line in result.stderr.splitlines() if line.startswith("harness:")]

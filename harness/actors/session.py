@@ -18,7 +18,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,7 @@ from harness.providers.retry import RetryNotice, RetryPolicy
 from harness.storage.ledger import Ledger, LedgerError
 from harness.tools.base import Tool
 from harness.tools.process import kill_orphans
+from harness.tools.sandbox import Sandbox
 
 log = structlog.get_logger("harness.session")
 
@@ -82,6 +83,7 @@ class SessionServices:
     tools: Mapping[str, Tool[Any]]
     tool_specs: Mapping[str, ToolSpec]
     questions: trio.MemorySendChannel[QuestionMessage]
+    sandbox: Sandbox = field(default_factory=Sandbox)  # what tools' subprocesses run under
 
     def rules_of(self, session: Session) -> tuple[Rule, ...]:
         """A session's own merged ruleset: defaults < agent < config < session."""
@@ -404,6 +406,15 @@ class SessionActor:
         claim = {"message_id": item.id, "session_id": self.session_id, "started": time.time()}
         # The claim is committed with the user message: from here a crash resumes the turn.
         events.append(NewEvent("turn.started", self.session_id, claim))
+        sandbox = self._services.sandbox
+        if sandbox.unavailable is not None:
+            # In each turn's record: its commands ran without the sandbox asked for.
+            notice = {
+                "requested": sandbox.requested,
+                "reason": sandbox.unavailable,
+                "notice": sandbox.notice,
+            }
+            events.append(NewEvent("sandbox.unavailable", self.session_id, notice))
         await self._ledger.write(events)
         # Derived, not asked of the model: a run sends no side requests by default.
         self._save(status="busy", error=None, title=session.title or derive_title(item.text))
@@ -636,6 +647,7 @@ class SessionActor:
             todos=SessionTodos(session.id, self._ledger),
             questions=SessionQuestions(session.id, services.questions),
             yes=config.yes,
+            sandbox=services.sandbox,
         )
         runner = Runner(
             session=session,

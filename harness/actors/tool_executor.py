@@ -58,6 +58,7 @@ from harness.tools.base import (
     parse_arguments,
 )
 from harness.tools.process import process_identity
+from harness.tools.sandbox import Sandbox
 from harness.tools.truncate import truncate_output
 
 log = structlog.get_logger("harness.tools")
@@ -125,6 +126,7 @@ class ToolExecutor:
         todos: Todos | None = None,
         questions: Questions | None = None,
         yes: bool = False,
+        sandbox: Sandbox | None = None,
     ) -> None:
         self._session_id = session_id
         self._yes = yes  # --yes: what would ask is allowed, in the tools' own checks too
@@ -139,6 +141,7 @@ class ToolExecutor:
         self._subtasks = subtasks
         self._todos = todos
         self._questions = questions
+        self._sandbox = sandbox
         self.mailbox, self._receive = trio.open_memory_channel[ExecuteCalls](math.inf)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -262,6 +265,7 @@ class ToolExecutor:
             todos=self._todos,
             questions=self._questions,
             check=self._check,
+            sandbox=self._sandbox,
         )
         try:
             needs = tool.permissions(args, context)

@@ -44,6 +44,7 @@ EventType = Literal[
     "question.asked",
     "question.replied",
     "question.rejected",
+    "sandbox.unavailable",  # a turn's commands run unsandboxed: {requested, reason, notice}
     # ephemeral: published live, never stored
     "part.delta",
     "session.retry",

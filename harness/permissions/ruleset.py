@@ -45,6 +45,10 @@ DEFAULT_RULES: tuple[Rule, ...] = (
     # Writing a repository's config or hooks is running commands (harness/tools/paths.py).
     _rule("git_internal", "ask"),
     _rule("bash", "ask"),
+    # Whether a sandboxed command may reach the network. Never asked at a prompt: bash
+    # checks it with the gate's answer alone, so "ask" means no network until a rule
+    # (`--allow bash_network`, `--allow 'bash_network:curl *'`) or `--yes` allows it.
+    _rule("bash_network", "ask"),
     _rule("webfetch", "ask"),
     _rule("external_directory", "ask"),
     _rule("doom_loop", "ask"),

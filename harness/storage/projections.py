@@ -2,7 +2,7 @@
 
 Runs inside the writer's transaction, right after the event row is appended, so an
 event and its effect are committed together or not at all. Events whose type has no
-entry here (permission.*) live in the event log only.
+entry here (permission.*, question.*, sandbox.unavailable) live in the event log only.
 """
 
 from __future__ import annotations

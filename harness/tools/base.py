@@ -24,6 +24,7 @@ from harness.messages.model import PermissionAction
 from harness.messages.permission import PermissionNeed
 from harness.messages.question import QuestionInfo, QuestionOutcome
 from harness.messages.todo import Todo
+from harness.tools.sandbox import Sandbox
 
 __all__ = [
     "P",
@@ -186,6 +187,9 @@ class ToolContext:
     # may reach the network), where an ask per file would be absurd. Only "allow" allows;
     # without a gate (a tool run on its own, in a test) everything is "ask".
     check: Callable[[str, str], PermissionAction] | None = None
+    # What every subprocess the tool starts runs under (harness/tools/sandbox.py); None
+    # runs it unsandboxed, still without credentials in its environment.
+    sandbox: Sandbox | None = None
 
     def allows(self, permission: str, pattern: str) -> bool:
         """Whether the rules allow ``permission`` on ``pattern`` without anyone being asked."""

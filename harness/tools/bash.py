@@ -10,7 +10,6 @@ costs neither memory nor context.
 from __future__ import annotations
 
 import signal
-import subprocess
 from pathlib import Path
 from typing import BinaryIO
 
@@ -29,7 +28,8 @@ from harness.tools.base import (
     ToolParams,
 )
 from harness.tools.paths import path_needs, resolve_path
-from harness.tools.process import kill_process_group
+from harness.tools.process import kill_process_group, spawn_group, wait_gone
+from harness.tools.sandbox import Sandbox, StatusPipe
 from harness.tools.truncate import MAX_BYTES, MAX_LINES
 
 DEFAULT_TIMEOUT_MS = 120_000
@@ -51,6 +51,9 @@ DRAIN_SECONDS = 0.5
 # Reaping a SIGKILLed leader is immediate unless it is stuck in the kernel; do not hang the
 # caller's cleanup on that.
 REAP_SECONDS = 5.0
+# A sandbox's PID namespace is emptied by the kernel within a millisecond of its init
+# exiting; past this, something is wrong and the kill takes over.
+NAMESPACE_SECONDS = 0.2
 TITLE_CHARS = 60
 
 DESCRIPTION = f"""\
@@ -66,6 +69,9 @@ timeout the command and everything it started are killed and you get the output 
 - Long output keeps its last part; the full output is saved to a file the result names, \
 which you can search with grep or page through with read.
 - A non-zero exit code is reported at the end of the output.
+- The command may run in a sandbox: files outside the working directory (and its `.git`) \
+read-only, a private /tmp that does not carry over to the next call, no network. When the \
+sandbox stopped a command, the result says so; do not try to work around it.
 - Prefer the read, glob, grep, edit and write tools over cat, find, grep, sed and echo \
 redirects.
 - `description`: say what the command does in 5–10 words, e.g. "Run the unit tests"."""
@@ -174,7 +180,14 @@ def _tail_preview(data: bytes) -> bytes:
     return data
 
 
-def _exit_note(code: int) -> str:
+def _exit_note(code: int, *, sandboxed: bool = False) -> str:
+    if sandboxed and 128 < code < 128 + 65:
+        # bwrap reports a command killed by signal N as exit code 128 + N, as a shell does.
+        try:
+            name = signal.Signals(code - 128).name
+        except ValueError:
+            return f"[exit code {code}]"
+        return f"[exit code {code}, which usually means killed by {name}]"
     if code < 0:
         try:
             name = signal.Signals(-code).name
@@ -238,21 +251,27 @@ class BashTool(Tool[BashParams]):
         timeout_ms = args.timeout if args.timeout is not None else DEFAULT_TIMEOUT_MS
         # Not trio.run_process: its deliver_cancel only runs while the leader is alive, so
         # a cancel that lands after the leader exited leaves the group alone, and it only
-        # signals, so a grandchild that ignores SIGTERM survives. We own the kill instead.
+        # signals, so a grandchild that ignores SIGTERM survives. We own the kill instead
+        # (and the start: see spawn_group).
+        sandbox = ctx.sandbox or Sandbox()
+        # Asked of the rules alone, never of a person: "ask" (the default) means no network.
+        network = sandbox.mode == "off" or ctx.allows("bash_network", args.command)
+        status = StatusPipe() if sandbox.mode != "off" else None
+        launch = sandbox.command(
+            ["bash", "-c", args.command], ctx.directory, network=network, status=status
+        )
         try:
-            proc = await trio.lowlevel.open_process(
-                ["bash", "-c", args.command],
-                cwd=ctx.directory,
-                start_new_session=True,  # own process group: one killpg reaches every child
-                stdin=subprocess.DEVNULL,  # a prompt fails at once instead of hanging
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
+            proc = spawn_group(
+                launch.argv, cwd=ctx.directory, env=launch.env, pass_fds=launch.pass_fds
             )
         except OSError as error:
+            if status is not None:
+                status.close()
             raise ToolFailure(
                 f"could not start bash in {ctx.directory}: {error.strerror or error}"
             ) from error
-        assert proc.stdout is not None
+        if status is not None:
+            status.close_write_end()
         stdout = proc.stdout
         pgid = proc.pid  # start_new_session makes the leader's pid the group id
         output = _OutputBuffer(ctx.output_dir / f"{ctx.call_id}.log")
@@ -266,6 +285,11 @@ class BashTool(Tool[BashParams]):
                 with trio.move_on_after(timeout_ms / 1000) as deadline:
                     await proc.wait()
                 timed_out = deadline.cancelled_caught
+                init = status.init_pid() if status is not None and not timed_out else None
+                if init is not None:
+                    # The namespace is being emptied: wait for that rather than signal it.
+                    with trio.move_on_after(NAMESPACE_SECONDS):
+                        await wait_gone(init)
                 # Background jobs hold the pipe open; the call ends with its command, so
                 # they go now, and then the pipe reaches EOF with everything they wrote.
                 await kill_process_group(pgid)
@@ -282,7 +306,16 @@ class BashTool(Tool[BashParams]):
                     await proc.wait()
                 await stdout.aclose()
                 await output.close()
-        return self._result(args, output, proc.returncode, timeout_ms, timed_out)
+                if status is not None:
+                    status.close()
+        # The tail is what the model sees, and where the errno text of a failure is.
+        why = None if timed_out else sandbox.explain(
+            bytes(output.tail[-8192:]).decode("utf-8", "replace"), ctx.directory, network=network
+        )
+        result = self._result(args, output, proc.returncode, timeout_ms, timed_out, sandbox, why)
+        if sandbox.mode != "off":
+            result.metadata.update(sandbox=sandbox.mode, network=network)
+        return result
 
     def _result(
         self,
@@ -291,6 +324,8 @@ class BashTool(Tool[BashParams]):
         code: int | None,
         timeout_ms: int,
         timed_out: bool,
+        sandbox: Sandbox,
+        why: str | None,
     ) -> ToolOutput:
         truncated = output.needs_cut()
         body = (_tail_preview(bytes(output.tail)) if truncated else bytes(output.tail)).decode(
@@ -319,7 +354,9 @@ class BashTool(Tool[BashParams]):
         elif code is None:
             notes.append("[the command could not be reaped; its exit code is unknown]")
         elif code != 0:
-            notes.append(_exit_note(code))
+            notes.append(_exit_note(code, sandboxed=sandbox.mode != "off"))
+        if why is not None:
+            notes.append(why)
         if notes:
             text += "\n\n" + "\n".join(notes)
         return ToolOutput(

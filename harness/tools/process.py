@@ -9,15 +9,89 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
 
 import trio
 
 # How often liveness is re-read while waiting for a signalled group to die. Short, because a
 # cooperative group is usually gone within a few ms of SIGTERM and the caller is waiting.
 POLL_INTERVAL = 0.005
+FIRST_POLL_INTERVAL = 0.0005
 # After SIGKILL the kernel still has to tear the processes down (longer under load or for a
 # process in uninterruptible sleep); wait this long for that before giving up.
 KILL_WAIT = 1.0
+
+
+class GroupProcess:
+    """A command started by ``spawn_group``: its pid (= its process group), its output."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], stdout: trio.lowlevel.FdStream) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+        self.stdout = stdout  # stdout and stderr, merged in order
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.returncode
+
+    async def wait(self) -> int:
+        """Wait for the leader to exit and reap it; cancellable."""
+        while self._popen.poll() is None:
+            try:
+                pidfd = os.pidfd_open(self.pid)
+            except OSError:  # no pidfd here (an old kernel): poll instead
+                await trio.sleep(POLL_INTERVAL)
+                continue
+            try:
+                await trio.lowlevel.wait_readable(pidfd)
+            finally:
+                os.close(pidfd)
+        return self._popen.returncode
+
+
+def spawn_group(
+    argv: Sequence[str], *, cwd: Path, env: dict[str, str], pass_fds: Sequence[int] = ()
+) -> GroupProcess:
+    """Start ``argv`` as the leader of a new session and process group, stdin empty.
+
+    Started from the calling thread itself, not a worker thread as ``trio.run_process``
+    does: a sandboxed command dies with its parent *thread* (bwrap's ``--die-with-parent``
+    is ``PR_SET_PDEATHSIG``), and Trio's idle worker threads exit after 10 s, which killed
+    every command running longer than that. The event loop's thread lives as long as the
+    harness. The fork and exec block the loop for about a millisecond.
+    """
+    read_end, write_end = os.pipe()
+    try:
+        popen = subprocess.Popen(
+            list(argv),
+            cwd=cwd,
+            env=env,
+            start_new_session=True,  # own process group: one killpg reaches every child
+            stdin=subprocess.DEVNULL,  # a prompt fails at once instead of hanging
+            stdout=write_end,
+            stderr=write_end,
+            pass_fds=tuple(pass_fds),
+        )
+    except BaseException:
+        os.close(read_end)
+        raise
+    finally:
+        os.close(write_end)
+    return GroupProcess(popen, trio.lowlevel.FdStream(read_end))
+
+
+async def wait_gone(pid: int) -> None:
+    """Wait for process ``pid`` (not necessarily our child) to exit; cancellable."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:  # gone already (or no pidfd here: the caller's kill polls instead)
+        return
+    try:
+        await trio.lowlevel.wait_readable(pidfd)
+    finally:
+        os.close(pidfd)
 
 
 def group_alive(pgid: int) -> bool:
@@ -65,9 +139,13 @@ def _signal_group(pgid: int, sig: signal.Signals) -> bool:
 
 async def _wait_dead(pgid: int) -> None:
     # Polling is the only option: the kernel offers no notification for "every member of a
-    # process group has exited" (a pidfd covers one process, not a group).
-    while group_alive(pgid):  # noqa: ASYNC110
-        await trio.sleep(POLL_INTERVAL)
+    # process group has exited" (a pidfd covers one process, not a group). The first polls
+    # come quickly: a group already on its way out (a sandbox's PID namespace being torn
+    # down after its command exited) is gone within a millisecond.
+    interval = FIRST_POLL_INTERVAL
+    while group_alive(pgid):
+        await trio.sleep(interval)
+        interval = min(interval * 2, POLL_INTERVAL)
 
 
 async def kill_process_group(pgid: int, *, grace: float = 0.2) -> None:
