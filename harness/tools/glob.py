@@ -176,9 +176,9 @@ def list_tree(root: Path, stop: threading.Event | None = None) -> list[TreeFile]
     return found
 
 
-def mtime(path: Path) -> float:
+def mtime(path: Path | str) -> float:
     try:
-        return path.stat().st_mtime
+        return os.stat(path).st_mtime  # through a link, as Path.stat
     except OSError:
         return 0.0
 
@@ -243,8 +243,11 @@ class GlobTool(Tool[GlobParams]):
             raise ToolFailure(f"Cannot search {shown}: it {what}.")
         match = compile_glob(_relative_pattern(args.pattern, root))
 
+        # In Python, not ripgrep: ``rg --files`` lists no symlink (glob lists the links to
+        # files, as grep searches them), so a walk would be needed anyway, and the walk
+        # alone (list_tree, 50 ms for 100,000 files) costs less than rg's listing.
         def scan(stop: threading.Event) -> list[tuple[float, str]]:
-            return [(mtime(p), rel) for rel, p in walk_files(root, stop) if match(rel)]
+            return [(mtime(f.path), f.rel) for f in list_tree(root, stop) if match(f.rel)]
 
         found = await run_scan(scan)
         found.sort(key=lambda item: (-item[0], item[1]))

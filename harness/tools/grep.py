@@ -23,7 +23,9 @@ from harness.tools.base import (
 from harness.tools.glob import TreeFile, compile_glob, list_tree, run_scan
 from harness.tools.paths import ReadCheck, display_path, path_needs, resolve_path, skipped_note
 from harness.tools.read import BINARY_SAMPLE, cut_line, looks_binary
-from harness.tools.ripgrep import Run, counts, lines, prefilter, ripgrep, run
+from harness.tools.ripgrep import Run, prefilter, ripgrep, run
+from harness.tools.ripgrep import counts as rg_counts
+from harness.tools.ripgrep import lines as rg_lines
 
 log = structlog.get_logger("harness.tools.grep")
 
@@ -190,8 +192,8 @@ def _rg_results(
     stop: threading.Event,
 ) -> _Scan:
     """ripgrep's candidates, judged as the Python engine judges every file."""
-    counted = counts(out) if exact else {}
-    listed = {} if exact else lines(out)
+    counted = rg_counts(out) if exact else {}
+    listed = {} if exact else rg_lines(out)
     found: list[tuple[float, str, TreeFile, bool]] = []
     for rel in counted or listed:
         f = allowed.files.get(rel)
@@ -295,7 +297,7 @@ class GrepTool(Tool[GrepParams]):
             return ToolOutput(
                 "\n".join(["No matches found", *skipped]),
                 title=title,
-                metadata={"matches": 0, "skipped": result.skipped},
+                metadata={"matches": 0, "skipped": result.skipped, "engine": result.engine},
             )
 
         shown_matches = sum(len(hits) for _, hits in result.files)
@@ -318,5 +320,6 @@ class GrepTool(Tool[GrepParams]):
                 "matches": result.total,
                 "limited": result.total > shown_matches,
                 "skipped": result.skipped,
+                "engine": result.engine,  # ripgrep or python: the same answer either way
             },
         )
