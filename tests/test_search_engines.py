@@ -119,6 +119,8 @@ CASES: list[dict[str, str]] = [
     {"pattern": "needle", "include": "*.{ts,txt}"},
     {"pattern": "needle", "include": "src/**"},
     {"pattern": "needle", "path": "src"},
+    {"pattern": "needle", "path": "node_modules"},  # pruned below the root, not as it
+    {"pattern": "needle", "path": ".hidden"},
     {"pattern": "needle", "path": "notes.md"},
     {"pattern": "absent-literal"},
 ]
@@ -187,9 +189,26 @@ async def test_ripgrep_answers_every_pattern_with_a_literal(
     monkeypatch.delenv(ripgrep.DISABLE_ENV, raising=False)
     for args in CASES:
         _, meta = await _grep(ctx, **args)
-        dir_search = "path" not in args or args["path"] == "src"
+        dir_search = (ctx.directory / args.get("path", ".")).is_dir()
         has_literal = ripgrep.prefilter(args["pattern"]) is not None
         assert meta["engine"] == ("ripgrep" if dir_search and has_literal else "python"), args
+
+
+@needs_rg
+async def test_names_with_a_newline_or_a_colon(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "work"
+    for name in ["new\nline.txt", "a:1:b.txt", "-e", "--pre=x"]:
+        _write(root / name, b"x needle\nneedle: 2\n", 1.0)
+    ctx = ToolContext("s", "m", "c", root.resolve(), tmp_path / "out", check=lambda p, a: "allow")
+    for pattern in ["needle", "needle:"]:
+        monkeypatch.setenv(ripgrep.DISABLE_ENV, "0")
+        expected, _ = await _grep(ctx, pattern=pattern)
+        monkeypatch.delenv(ripgrep.DISABLE_ENV)
+        got, meta = await _grep(ctx, pattern=pattern)
+        assert meta["engine"] == "ripgrep" and got == expected
+        assert "new\nline.txt:" in got and "a:1:b.txt:" in got and "--pre=x:" in got
 
 
 @pytest.mark.parametrize("engine", ENGINES, indirect=True)
