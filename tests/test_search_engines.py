@@ -339,3 +339,21 @@ async def test_ripgrep_past_its_time_limit_is_killed_and_python_answers(
         _, meta = await _grep(ctx, pattern=f"{marker} l")
     assert meta["engine"] == "python" and meta["matches"] == 20 * 20_000
     assert live_processes(marker) == {}
+
+
+@needs_rg
+async def test_ripgrep_output_it_cannot_read_falls_back_to_python(
+    ctx: ToolContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another ripgrep version printing records differently must not become a traceback."""
+    monkeypatch.setenv(ripgrep.DISABLE_ENV, "0")
+    expected, _ = await _grep(ctx, pattern="needle")
+    monkeypatch.delenv(ripgrep.DISABLE_ENV)
+    command = ripgrep.command
+
+    def without_null(*args: Any) -> list[bytes]:
+        return [arg for arg in command(*args) if arg != b"--null"]
+
+    monkeypatch.setattr(ripgrep, "command", without_null)
+    got, meta = await _grep(ctx, pattern="needle")
+    assert meta["engine"] == "python" and got == expected

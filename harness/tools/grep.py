@@ -247,7 +247,13 @@ async def _search(
     if done.failure is not None:
         log.info("ripgrep failed; grep takes the Python scan", reason=done.failure)
         return await run_scan(lambda stop: _scan(root, include, regex, stop, ctx))
-    return await run_scan(lambda stop: _rg_results(done.stdout, pre.exact, allowed, regex, stop))
+    try:
+        return await run_scan(
+            lambda stop: _rg_results(done.stdout, pre.exact, allowed, regex, stop)
+        )
+    except ValueError as error:  # output this ripgrep's version prints some other way
+        log.info("ripgrep output unreadable; grep takes the Python scan", reason=str(error))
+        return await run_scan(lambda stop: _scan(root, include, regex, stop, ctx))
 
 
 class GrepTool(Tool[GrepParams]):
