@@ -1,4 +1,4 @@
-"""ripgrep as grep's engine when it is installed: the same answers, ten times sooner.
+"""ripgrep as grep's engine when it is installed: the same answers, several times sooner.
 
 The ``grep`` tool's pattern is Python ``re`` syntax, and its results (which files, which
 lines, the order, the counts, the files the read rules skip) are defined by the Python
