@@ -231,7 +231,10 @@ def test_prefilter_reads_the_required_literal() -> None:
 
 
 def test_case_folds_are_the_ones_python_makes() -> None:
-    """Every character re.IGNORECASE matches for an ASCII letter is in the prefilter's class."""
+    """Every character re.IGNORECASE matches for an ASCII letter is in the prefilter's class.
+
+    The basic plane only, to stay quick: no character beyond it folds to ASCII (checked once
+    over all of Unicode through lower(), upper() and casefold())."""
     for letter in string.ascii_lowercase:
         regex = re.compile(letter, re.IGNORECASE)
         found = {

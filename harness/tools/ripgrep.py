@@ -260,9 +260,10 @@ async def run(
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            # The harness's own environment, as is: ripgrep reads files and runs nothing
-            # (no --pre, no config file), and the bash sandbox wraps the commands a model
-            # writes, not this one.
+            # The harness's own environment, as is (harness/secrets.py offers no
+            # credential-free one yet): ripgrep reads the files grep may read and runs
+            # nothing (no --pre, no config file), so the bash sandbox, which wraps the
+            # commands a model writes, is not put around it.
         )
     except OSError as error:
         return Run(b"", f"could not start {rg}: {error.strerror or error}")
