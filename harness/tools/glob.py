@@ -7,7 +7,7 @@ import re
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import trio
 from pydantic import Field
@@ -135,9 +135,50 @@ def walk_files(root: Path, stop: threading.Event | None = None) -> Iterator[tupl
             yield prefix + name, base / name
 
 
-def mtime(path: Path) -> float:
+class TreeFile(NamedTuple):
+    rel: str  # relative to the search root, with ``/``
+    path: str  # absolute: the root joined with ``rel``
+    link: bool  # a symlink (to a file, or broken): judged by where it points
+
+
+def list_tree(root: Path, stop: threading.Event | None = None) -> list[TreeFile]:
+    """The files ``walk_files`` yields, in some order, in half the time.
+
+    The same rules as ``os.walk`` there: ``IGNORED_DIRS`` pruned by name, a symlinked
+    directory neither entered nor listed, a symlink to a file (or a broken one) listed as
+    a file, a directory that cannot be read skipped. Strings instead of ``Path`` objects
+    and ``scandir``'s own file types (no ``stat``): 110 ms instead of 200 for the 75,000
+    files of benchmarks/search.py's tree.
+    """
+    found: list[TreeFile] = []
+    pending = [(str(root), "")]
+    while pending:
+        if stop is not None and stop.is_set():
+            break
+        directory, prefix = pending.pop()
+        try:
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    try:
+                        is_dir = entry.is_dir()  # follows a link, as os.walk does
+                    except OSError:
+                        is_dir = False
+                    try:
+                        link = entry.is_symlink()
+                    except OSError:
+                        link = False
+                    if not is_dir:
+                        found.append(TreeFile(prefix + entry.name, entry.path, link))
+                    elif entry.name not in IGNORED_DIRS and not link:
+                        pending.append((entry.path, prefix + entry.name + "/"))
+        except OSError:
+            continue
+    return found
+
+
+def mtime(path: Path | str) -> float:
     try:
-        return path.stat().st_mtime
+        return os.stat(path).st_mtime  # through a link, as Path.stat
     except OSError:
         return 0.0
 
@@ -202,8 +243,11 @@ class GlobTool(Tool[GlobParams]):
             raise ToolFailure(f"Cannot search {shown}: it {what}.")
         match = compile_glob(_relative_pattern(args.pattern, root))
 
+        # In Python, not ripgrep: ``rg --files`` lists no symlink (glob lists the links to
+        # files, as grep searches them), so a walk would be needed anyway; rg's listing
+        # (60 ms for 75,000 files) plus one would not beat list_tree (110 ms).
         def scan(stop: threading.Event) -> list[tuple[float, str]]:
-            return [(mtime(p), rel) for rel, p in walk_files(root, stop) if match(rel)]
+            return [(mtime(f.path), f.rel) for f in list_tree(root, stop) if match(f.rel)]
 
         found = await run_scan(scan)
         found.sort(key=lambda item: (-item[0], item[1]))

@@ -87,6 +87,28 @@ def may_read(path: Path, ctx: ToolContext, *, resolved: bool = False) -> bool:
     return all(ctx.allows(need.permission, need.pattern) for need in path_needs("read", real, ctx))
 
 
+class ReadCheck:
+    """``may_read`` for the many files of one search, with the same answers.
+
+    ``may_read`` resolves the session directory on every call, most of its 24 µs a
+    file; a search over 100,000 files resolves it once here (7 µs a file, the rules'
+    own matching most of it). A file the walk reached
+    without following a link, inside the session directory, needs only ``read`` on its
+    path; anything else (a link, a file outside) takes ``may_read`` itself.
+    """
+
+    def __init__(self, ctx: ToolContext) -> None:
+        self._ctx = ctx
+        root = str(_root(ctx))
+        self._inside = root if root.endswith("/") else root + "/"
+
+    def allows(self, path: str, *, link: bool) -> bool:
+        """``path``: absolute, as a walk from a resolved root built it; ``link``: a symlink."""
+        if not link and path.startswith(self._inside):
+            return self._ctx.allows("read", path)
+        return may_read(Path(path), self._ctx, resolved=not link)
+
+
 def skipped_note(count: int) -> str:
     """The line a search adds when the read rules kept it out of some files."""
     files = "file" if count == 1 else "files"

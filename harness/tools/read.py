@@ -45,13 +45,19 @@ class ReadParams(ToolParams):
     limit: int = Field(default=DEFAULT_LIMIT, ge=1, description="Maximum number of lines to read.")
 
 
+# Every byte but the control characters that are not whitespace (0-8, 14-31).
+_NOT_CONTROL = bytes(b for b in range(256) if not (b < 9 or 13 < b < 32))
+
+
 def looks_binary(sample: bytes) -> bool:
     """A NUL byte, or more than 30% control characters other than whitespace."""
     if not sample:
         return False
     if b"\0" in sample:
         return True
-    odd = sum(1 for b in sample if b < 9 or 13 < b < 32)
+    # Deleting the other bytes counts the control ones in C: grep tests every file it
+    # searches, and a Python loop over 4 kB was 80 µs of it.
+    odd = len(sample.translate(None, _NOT_CONTROL))
     return odd / len(sample) > 0.3
 
 
