@@ -32,7 +32,7 @@ from harness import snapshots
 from harness.actors.event_feed import EventFeed, overflow_event, subscription
 from harness.actors.permission import Permission
 from harness.actors.question import Question
-from harness.actors.session import SessionServices
+from harness.actors.services import SessionServices
 from harness.actors.supervisor import Supervisor
 from harness.agents import get_agent
 from harness.config import Config, SocketPathError, default_home

@@ -10,35 +10,33 @@ answer of which wins), and the tree is bounded in depth and in children running 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
 import structlog
 import trio
 
 from harness.actors.event_feed import subscription
+from harness.actors.services import Lineage, SessionServices
 from harness.agents import get_agent
 from harness.context.budget import Budget
 from harness.messages import ids
 from harness.messages.events import NewEvent
 from harness.messages.mailbox import RegisterChild
-from harness.messages.model import InboxItem, Rule, Session, SubtaskPart
+from harness.messages.model import InboxItem, Session, SubtaskPart
 from harness.tools.base import SubtaskResult, ToolFailure
-
-if TYPE_CHECKING:
-    from harness.actors.session import SessionServices
 
 log = structlog.get_logger("harness.children")
 
 
-@dataclass(frozen=True, slots=True)
-class Lineage:
-    """Where a session sits in its tree: what its ancestors allow and how deep it is."""
+class ChildActor(Protocol):
+    """The session actor a child runs as (``SessionActor``, which this module never imports)."""
 
-    depth: int = 0
-    ceilings: tuple[tuple[Rule, ...], ...] = ()  # each ancestor's merged ruleset
-    trace_id: str = ""  # the root session's id
-    budget: Budget | None = None  # the run's budget, shared by the whole tree
+    async def run(self, *, task_status: trio.TaskStatus[None] = ...) -> None: ...
+
+
+# (child session id, its lineage, the call id its span hangs under) -> its actor
+ChildActorFactory = Callable[[str, Lineage, str], ChildActor]
 
 
 class ChildSessions:
@@ -50,12 +48,14 @@ class ChildSessions:
         parent: Session,
         lineage: Lineage,
         limiter: trio.Semaphore,
+        child_actor: ChildActorFactory,
         budget: Budget | None = None,
     ) -> None:
         self._services = services
         self._parent = parent
         self._lineage = lineage
         self._limiter = limiter
+        self._child_actor = child_actor
         self._budget = budget
 
     async def run(
@@ -110,8 +110,6 @@ class ChildSessions:
         prompt: str,
         new: bool,
     ) -> SubtaskResult:
-        from harness.actors.session import SessionActor
-
         services = self._services
         ledger = services.ledger
         marker = SubtaskPart(
@@ -123,10 +121,10 @@ class ChildSessions:
             description=description,
         )
         item = InboxItem(id=ids.message_id(), session_id=child.id, text=prompt, created=time.time())
-        events = [NewEvent("part.created", self._parent.id, marker.model_dump(mode="json"))]
+        events = [NewEvent.of("part.created", self._parent.id, marker)]
         if new:
-            events.insert(0, NewEvent("session.created", child.id, child.model_dump(mode="json")))
-        events.append(NewEvent("inbox.added", child.id, item.model_dump(mode="json")))
+            events.insert(0, NewEvent.of("session.created", child.id, child))
+        events.append(NewEvent.of("inbox.added", child.id, item))
         await services.feed.send(RegisterChild(self._parent.id, child.id))
         parent_rules = services.rules_of(self._parent)
         lineage = Lineage(
@@ -135,7 +133,7 @@ class ChildSessions:
             trace_id=self._lineage.trace_id or self._parent.id,
             budget=self._budget,
         )
-        actor = SessionActor(services, child.id, lineage=lineage, parent_span=call_id)
+        actor = self._child_actor(child.id, lineage, call_id)
         log.info("subtask started", child_session_id=child.id, call_id=call_id)
         async with (
             subscription(services.feed, child.id) as events_channel,
