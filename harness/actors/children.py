@@ -17,12 +17,12 @@ import structlog
 import trio
 
 from harness.actors.event_feed import subscription
+from harness.actors.new_session import join_tree, new_session, record_session
 from harness.actors.services import Lineage, SessionServices
 from harness.agents import get_agent
 from harness.context.budget import Budget
 from harness.messages import ids
 from harness.messages.events import NewEvent
-from harness.messages.mailbox import RegisterChild
 from harness.messages.model import InboxItem, Session, SubtaskPart
 from harness.tools.base import SubtaskResult, ToolFailure
 
@@ -85,16 +85,12 @@ class ChildSessions:
                 get_agent(name)
             except ValueError as error:
                 raise ToolFailure(str(error)) from error
-            now = time.time()
-            child = Session(
-                id=ids.session_id(),
+            child = new_session(
                 parent_id=self._parent.id,
                 title=description[:50],
                 directory=self._parent.directory,
                 agent=name,
                 model=self._parent.model,
-                created=now,
-                updated=now,
             )
         async with self._limiter:
             return await self._run(
@@ -121,11 +117,10 @@ class ChildSessions:
             description=description,
         )
         item = InboxItem(id=ids.message_id(), session_id=child.id, text=prompt, created=time.time())
-        events = [NewEvent.of("part.created", self._parent.id, marker)]
-        if new:
-            events.insert(0, NewEvent.of("session.created", child.id, child))
-        events.append(NewEvent.of("inbox.added", child.id, item))
-        await services.feed.send(RegisterChild(self._parent.id, child.id))
+        events = [
+            NewEvent.of("part.created", self._parent.id, marker),
+            NewEvent.of("inbox.added", child.id, item),
+        ]
         parent_rules = services.rules_of(self._parent)
         lineage = Lineage(
             depth=self._lineage.depth + 1,
@@ -139,7 +134,11 @@ class ChildSessions:
             subscription(services.feed, child.id) as events_channel,
             trio.open_nursery() as nursery,
         ):
-            await ledger.write(events)
+            if new:
+                await record_session(ledger, services.feed, child, *events)
+            else:
+                await join_tree(services.feed, child)
+                await ledger.write(events)
             await nursery.start(actor.run)
             async for event in events_channel:
                 if event.type == "turn.finished" and event.data.get("message_id") == item.id:
