@@ -89,8 +89,8 @@ class SessionActor:
         self._builder = TurnBuilder(
             services=services,
             lineage=self._lineage,
-            child=parent_span is not None,
-            children=trio.Semaphore(config.max_children),
+            is_child=parent_span is not None,
+            child_slots=trio.Semaphore(config.max_children),
             child_actor=self._child_actor,
             hooks=SessionHooks(
                 take_steered=self._take_steered, on_usage=self._add_usage, on_retry=self._on_retry

@@ -56,14 +56,14 @@ class TurnBuilder:
 
     services: SessionServices
     lineage: Lineage
-    child: bool  # a child spends its tree's budget rather than one of its own
-    children: trio.Semaphore  # bounds the children of this session running at once
+    is_child: bool  # a child spends its tree's budget rather than one of its own
+    child_slots: trio.Semaphore  # bounds the children of this session running at once
     child_actor: ChildActorFactory
     hooks: SessionHooks
 
     async def turn(self, message_id: str, session: Session) -> Turn:
         config = self.services.config
-        if self.child:
+        if self.is_child:
             budget = self.lineage.budget
         else:
             own = Budget(config.budget_tokens, config.budget_cost, config.budget_time)
@@ -84,7 +84,7 @@ class TurnBuilder:
         hidden = set().union(*(disabled_tools(services.tools, rules) for rules in layers))
         tools = {name: tool for name, tool in services.tools.items() if name not in hidden}
         subtasks = ChildSessions(
-            services, session, self.lineage, self.children, self.child_actor, turn.budget
+            services, session, self.lineage, self.child_slots, self.child_actor, turn.budget
         )
         executor = ToolExecutor(
             session_id=session.id,
