@@ -30,9 +30,10 @@ import trio
 
 from harness import snapshots
 from harness.actors.event_feed import EventFeed, overflow_event, subscription
+from harness.actors.new_session import new_session, record_session
 from harness.actors.permission import Permission
 from harness.actors.question import Question
-from harness.actors.session import SessionServices
+from harness.actors.services import SessionServices
 from harness.actors.supervisor import Supervisor
 from harness.agents import get_agent
 from harness.config import Config, SocketPathError, default_home
@@ -124,25 +125,16 @@ class Harness:
         if kind in ("scripted", "replay"):
             # Resolve now: a daemon's working directory is not the client's.
             model_name = f"{kind}:{Path(name).expanduser().resolve()}"
-        now = time.time()
-        session = Session(
-            id=ids.session_id(),
+        session = new_session(
             parent_id=parent_id,
             title=title,
             directory=str(path.resolve()),
             agent=agent_name,
             model=model_name,
             base_url=base_url,
-            permission=list(permission),
-            created=now,
-            updated=now,
+            permission=permission,
         )
-        if parent_id is not None:
-            # Before the write: the child's very first event already belongs to the tree.
-            await self._feed.send(RegisterChild(parent_id, session.id))
-        await self.ledger.write(
-            [NewEvent("session.created", session.id, session.model_dump(mode="json"))]
-        )
+        await record_session(self.ledger, self._feed, session)
         log.info("session created", session_id=session.id, model=model_name)
         return session
 

@@ -29,7 +29,7 @@ import trio
 from procs import alive_with
 from wire_server import Reply, chunk, wire_server
 
-from harness.actors.session import MAX_RESUMES
+from harness.actors.recovery import MAX_RESUMES
 from harness.client import Client
 from harness.config import Config
 from harness.messages import ids

@@ -10,35 +10,33 @@ answer of which wins), and the tree is bounded in depth and in children running 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
 import structlog
 import trio
 
 from harness.actors.event_feed import subscription
+from harness.actors.new_session import join_tree, new_session, record_session
+from harness.actors.services import Lineage, SessionServices
 from harness.agents import get_agent
 from harness.context.budget import Budget
 from harness.messages import ids
 from harness.messages.events import NewEvent
-from harness.messages.mailbox import RegisterChild
-from harness.messages.model import InboxItem, Rule, Session, SubtaskPart
+from harness.messages.model import InboxItem, Session, SubtaskPart
 from harness.tools.base import SubtaskResult, ToolFailure
-
-if TYPE_CHECKING:
-    from harness.actors.session import SessionServices
 
 log = structlog.get_logger("harness.children")
 
 
-@dataclass(frozen=True, slots=True)
-class Lineage:
-    """Where a session sits in its tree: what its ancestors allow and how deep it is."""
+class ChildActor(Protocol):
+    """The session actor a child runs as (``SessionActor``, which this module never imports)."""
 
-    depth: int = 0
-    ceilings: tuple[tuple[Rule, ...], ...] = ()  # each ancestor's merged ruleset
-    trace_id: str = ""  # the root session's id
-    budget: Budget | None = None  # the run's budget, shared by the whole tree
+    async def run(self, *, task_status: trio.TaskStatus[None] = ...) -> None: ...
+
+
+# (child session id, its lineage, the call id its span hangs under) -> its actor
+ChildActorFactory = Callable[[str, Lineage, str], ChildActor]
 
 
 class ChildSessions:
@@ -50,12 +48,14 @@ class ChildSessions:
         parent: Session,
         lineage: Lineage,
         limiter: trio.Semaphore,
+        child_actor: ChildActorFactory,
         budget: Budget | None = None,
     ) -> None:
         self._services = services
         self._parent = parent
         self._lineage = lineage
         self._limiter = limiter
+        self._child_actor = child_actor
         self._budget = budget
 
     async def run(
@@ -85,16 +85,12 @@ class ChildSessions:
                 get_agent(name)
             except ValueError as error:
                 raise ToolFailure(str(error)) from error
-            now = time.time()
-            child = Session(
-                id=ids.session_id(),
+            child = new_session(
                 parent_id=self._parent.id,
                 title=description[:50],
                 directory=self._parent.directory,
                 agent=name,
                 model=self._parent.model,
-                created=now,
-                updated=now,
             )
         async with self._limiter:
             return await self._run(
@@ -110,8 +106,6 @@ class ChildSessions:
         prompt: str,
         new: bool,
     ) -> SubtaskResult:
-        from harness.actors.session import SessionActor
-
         services = self._services
         ledger = services.ledger
         marker = SubtaskPart(
@@ -123,11 +117,10 @@ class ChildSessions:
             description=description,
         )
         item = InboxItem(id=ids.message_id(), session_id=child.id, text=prompt, created=time.time())
-        events = [NewEvent("part.created", self._parent.id, marker.model_dump(mode="json"))]
-        if new:
-            events.insert(0, NewEvent("session.created", child.id, child.model_dump(mode="json")))
-        events.append(NewEvent("inbox.added", child.id, item.model_dump(mode="json")))
-        await services.feed.send(RegisterChild(self._parent.id, child.id))
+        events = [
+            NewEvent.of("part.created", self._parent.id, marker),
+            NewEvent.of("inbox.added", child.id, item),
+        ]
         parent_rules = services.rules_of(self._parent)
         lineage = Lineage(
             depth=self._lineage.depth + 1,
@@ -135,13 +128,17 @@ class ChildSessions:
             trace_id=self._lineage.trace_id or self._parent.id,
             budget=self._budget,
         )
-        actor = SessionActor(services, child.id, lineage=lineage, parent_span=call_id)
+        actor = self._child_actor(child.id, lineage, call_id)
         log.info("subtask started", child_session_id=child.id, call_id=call_id)
         async with (
             subscription(services.feed, child.id) as events_channel,
             trio.open_nursery() as nursery,
         ):
-            await ledger.write(events)
+            if new:
+                await record_session(ledger, services.feed, child, *events)
+            else:
+                await join_tree(services.feed, child)
+                await ledger.write(events)
             await nursery.start(actor.run)
             async for event in events_channel:
                 if event.type == "turn.finished" and event.data.get("message_id") == item.id:

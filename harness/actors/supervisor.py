@@ -16,7 +16,9 @@ import math
 import structlog
 import trio
 
-from harness.actors.session import SessionActor, SessionServices, abandon_turn
+from harness.actors.recovery import abandon_turn
+from harness.actors.services import SessionServices
+from harness.actors.session import SessionActor
 from harness.messages.mailbox import (
     CancelSession,
     CancelTurn,

@@ -12,8 +12,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -98,17 +97,6 @@ def _within(granted: str, pattern: str) -> bool:
     return pattern == granted
 
 
-@contextmanager
-def _restoring_log_context() -> Iterator[None]:
-    """Run a call inline (no task of its own) without leaking its log context."""
-    saved = structlog.contextvars.get_contextvars()
-    try:
-        yield
-    finally:
-        structlog.contextvars.clear_contextvars()
-        structlog.contextvars.bind_contextvars(**saved)
-
-
 class ToolExecutor:
     def __init__(
         self,
@@ -148,26 +136,30 @@ class ToolExecutor:
         task_status.started()
         async with self._receive:
             async for request in self._receive:
-                structlog.contextvars.bind_contextvars(message_id=request.message_id)
-                self._snapshots: list[CallSnapshot] = []  # this step's file-changing calls
-                outcomes: list[CallOutcome | None] = [None] * len(request.calls)
-                if len(request.calls) == 1:
-                    with _restoring_log_context():
-                        await self._one(request.message_id, request.calls[0], outcomes, 0)
-                else:
-                    async with trio.open_nursery() as nursery:
-                        for index, call in enumerate(request.calls):
-                            nursery.start_soon(self._one, request.message_id, call, outcomes, index)
-                if self._snapshots:
-                    self._post_patch(request.message_id)
-                request.reply.send_nowait([o for o in outcomes if o is not None])
+                with structlog.contextvars.bound_contextvars(message_id=request.message_id):
+                    await self._step(request)
 
-    def _post_patch(self, message_id: str) -> None:
+    async def _step(self, request: ExecuteCalls) -> None:
+        """Run one step's calls (several at once) and answer with their outcomes, in order."""
+        snapshots: list[CallSnapshot] = []  # this step's file-changing calls
+        outcomes: list[CallOutcome | None] = [None] * len(request.calls)
+        if len(request.calls) == 1:
+            await self._one(request.message_id, request.calls[0], outcomes, 0, snapshots)
+        else:
+            async with trio.open_nursery() as nursery:
+                for index, call in enumerate(request.calls):
+                    nursery.start_soon(
+                        self._one, request.message_id, call, outcomes, index, snapshots
+                    )
+        if snapshots:
+            self._post_patch(request.message_id, snapshots)
+        request.reply.send_nowait([o for o in outcomes if o is not None])
+
+    def _post_patch(self, message_id: str, snapshots: list[CallSnapshot]) -> None:
         """End a step that changed files with its ``patch`` part."""
-        part = patch_part(self._session_id, message_id, self._directory, self._snapshots)
+        part = patch_part(self._session_id, message_id, self._directory, snapshots)
         if part is not None:
-            event = NewEvent("part.created", self._session_id, part.model_dump(mode="json"))
-            self._ledger.post([event])
+            self._ledger.post([NewEvent.of("part.created", self._session_id, part)])
 
     def _touched_paths(self, tool: Tool[Any], args: ToolParams, context: ToolContext) -> list[Path]:
         try:
@@ -181,12 +173,13 @@ class ToolExecutor:
         call: PlannedCall,
         outcomes: list[CallOutcome | None],
         index: int,
+        snapshots: list[CallSnapshot],
     ) -> None:
         # Spans for the log: step (message) -> tool call -> child session.
-        structlog.contextvars.bind_contextvars(
+        with structlog.contextvars.bound_contextvars(
             call_id=call.call_id, span_id=call.call_id, parent_span_id=message_id
-        )
-        outcomes[index] = await self._execute(message_id, call)
+        ):
+            outcomes[index] = await self._execute(message_id, call, snapshots)
 
     def _record(self, message_id: str, call: PlannedCall, state: ToolState) -> NewEvent:
         part = ToolPart(
@@ -216,7 +209,9 @@ class ToolExecutor:
         log.info("tool failed", call_id=call.call_id, tool=call.tool, error=error[:200])
         return CallOutcome(call.call_id, ok=False, stop=stop)
 
-    async def _execute(self, message_id: str, call: PlannedCall) -> CallOutcome:
+    async def _execute(
+        self, message_id: str, call: PlannedCall, snapshots: list[CallSnapshot]
+    ) -> CallOutcome:
         try:
             raw = json.loads(call.arguments) if call.arguments.strip() else {}
         except json.JSONDecodeError as error:
@@ -285,7 +280,7 @@ class ToolExecutor:
                 )
         context = replace(context, check=self._granted_check(needs))
         note = ignored_note(ignored) if ignored else ""
-        return await self._run(message_id, call, tool, args, raw, context, note)
+        return await self._run(message_id, call, tool, args, raw, context, snapshots, note)
 
     def _redact_saved_output(self, call_id: str) -> None:
         if not has_secrets():
@@ -348,9 +343,13 @@ class ToolExecutor:
         args: ToolParams,
         raw: dict[str, Any],
         context: ToolContext,
+        snapshots: list[CallSnapshot],
         note: str = "",
     ) -> CallOutcome:
-        """Run an allowed call; ``note`` (arguments that were ignored) ends its result."""
+        """Run an allowed call; ``note`` (arguments that were ignored) ends its result.
+
+        A call that may change files adds its snapshot to ``snapshots``, its step's.
+        """
         start = time.time()
         title = shown(tool.title(args))
         running = [self._record(message_id, call, ToolRunning(input=raw, title=title, start=start))]
@@ -404,7 +403,7 @@ class ToolExecutor:
                 # Also on a failure or a cancel: what the files became is recorded either way.
                 changed, blobs = snapshot.after_event()
                 self._ledger.post([changed], blobs=blobs)
-                self._snapshots.append(snapshot)
+                snapshots.append(snapshot)
         # Before truncation, so the full copy saved under tool-output/ is clean too. A name
         # that is not UTF-8 in the output (a listing) is shown as \xff from here on.
         output, extra = truncate_output(

@@ -1,0 +1,134 @@
+"""The one place a turn is wired: its Runner, its ToolExecutor and what they are given.
+
+A session actor decides when a turn runs and how it ends; what the turn runs with (the
+tools its rules leave visible, the executor's services, the runner's limits, policies and
+callbacks) is put together here, once per attempt, so the actor does not hold it and a
+change to the Runner's or the ToolExecutor's arguments is made in one spot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from harness.actors.children import ChildActorFactory, ChildSessions
+from harness.actors.question import SessionQuestions
+from harness.actors.runner import ContextPolicy, Runner
+from harness.actors.services import Lineage, SessionServices
+from harness.actors.todos import SessionTodos
+from harness.actors.tool_executor import ToolExecutor
+from harness.agents import get_agent
+from harness.context.budget import Budget
+from harness.context.limits import limits_for
+from harness.context.system import SystemBlock, assemble_system
+from harness.history import History
+from harness.messages.model import Session, Tokens
+from harness.permissions.ruleset import disabled_tools
+from harness.providers import split_model
+from harness.providers.base import Provider
+from harness.providers.retry import RetryNotice, RetryPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One turn of a session, as fixed when it starts; passed down, never stored."""
+
+    message_id: str  # the user message the turn answers
+    system: tuple[SystemBlock, ...]  # once per turn: git status and AGENTS.md hold still
+    budget: Budget | None  # None: unlimited
+
+
+@dataclass(frozen=True, slots=True)
+class SessionHooks:
+    """What a turn's runner calls back into its session actor for."""
+
+    take_steered: Callable[[], Awaitable[None]]  # steered input joins at a step boundary
+    on_usage: Callable[[Tokens, float], None]  # a step's tokens and cost
+    on_retry: Callable[[RetryNotice], Awaitable[None]]  # a provider retry is scheduled
+
+
+@dataclass(frozen=True, slots=True)
+class TurnBuilder:
+    """Makes a session's turns: one per actor, holding what stays the same between them."""
+
+    services: SessionServices
+    lineage: Lineage
+    is_child: bool  # a child spends its tree's budget rather than one of its own
+    child_slots: trio.Semaphore  # bounds the children of this session running at once
+    child_actor: ChildActorFactory
+    hooks: SessionHooks
+
+    async def turn(self, message_id: str, session: Session) -> Turn:
+        config = self.services.config
+        if self.is_child:
+            budget = self.lineage.budget
+        else:
+            own = Budget(config.budget_tokens, config.budget_cost, config.budget_time)
+            budget = own if own.limited else None
+        system = await assemble_system(
+            get_agent(session.agent).prompt, Path(session.directory), config.home
+        )
+        return Turn(message_id, tuple(system), budget)
+
+    def build(
+        self, turn: Turn, session: Session, provider: Provider
+    ) -> tuple[Runner, ToolExecutor]:
+        """One attempt at ``turn``: its executor (not started yet) and the runner using it."""
+        services = self.services
+        config = services.config
+        ledger = services.ledger
+        layers = (services.rules_of(session), *self.lineage.ceilings)
+        hidden = set().union(*(disabled_tools(services.tools, rules) for rules in layers))
+        tools = {name: tool for name, tool in services.tools.items() if name not in hidden}
+        subtasks = ChildSessions(
+            services, session, self.lineage, self.child_slots, self.child_actor, turn.budget
+        )
+        executor = ToolExecutor(
+            session_id=session.id,
+            directory=Path(session.directory),
+            project=session.directory,
+            tools=tools,
+            disabled=frozenset(hidden),
+            layers=layers,
+            ledger=ledger,
+            permission=services.permission,
+            output_dir=config.tool_output_dir,
+            subtasks=subtasks,
+            todos=SessionTodos(session.id, ledger),
+            questions=SessionQuestions(session.id, services.questions),
+            yes=config.yes,
+            sandbox=services.sandbox,
+        )
+        user_message = ledger.user_message(turn.message_id)
+        turn_steps = user_message.max_steps if user_message is not None else None
+        runner = Runner(
+            session=session,
+            model_name=split_model(session.model)[1],
+            provider=provider,
+            system=[block.text for block in turn.system],
+            system_sources=[block.source for block in turn.system],
+            tool_specs=[services.tool_specs[name] for name in tools],
+            max_steps=turn_steps or config.max_steps or get_agent(session.agent).steps,
+            ledger_history=History(ledger, session.id),
+            ledger_post=ledger.post,
+            ledger_flush=ledger.flush,
+            take_steered=self.hooks.take_steered,
+            executor=executor.mailbox,
+            feed=services.feed,
+            on_usage=self.hooks.on_usage,
+            on_retry=self.hooks.on_retry,
+            retry_policy=RetryPolicy(
+                max_attempts=config.retry_attempts, initial_delay=config.retry_initial_delay
+            ),
+            context=ContextPolicy(
+                limits=limits_for(session.model, config.model_limits),
+                keep_tokens=config.compaction_keep_tokens,
+                prune_protect=config.prune_protect_tokens,
+            ),
+            budget=turn.budget,
+            show_request=config.show_request,
+        )
+        return runner, executor
