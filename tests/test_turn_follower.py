@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +17,10 @@ import trio
 from harness.client import WireEvent
 from harness.commands.base import EXIT_LIMIT, EXIT_OK
 from harness.commands.display import Display
-from harness.commands.follow import TurnFollower
+from harness.commands.follow import HarnessReplies, TurnFollower
+from harness.config import Config
+from harness.providers.scripted import ScriptedProvider
+from harness.runtime import open_harness
 
 SID = "ses_1"
 
@@ -125,3 +129,32 @@ async def test_the_feed_answers_in_a_thread_while_events_keep_coming(
         code = await follow.follow_feed(receive, nursery)  # type: ignore[arg-type]
     assert code == EXIT_OK
     assert replies.calls == [("permission", "per_1", "once", None, False)]
+
+
+async def test_an_embedded_turn_is_answered_at_the_terminal_through_the_harness(
+    tmp_path: Path, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The reply goes from the follower's thread into the harness's Trio run: the edit runs.
+    typed = io.StringIO("o\n")
+    monkeypatch.setattr("sys.stdin", typed)
+    edit = {"path": "notes.txt", "old_string": "line one", "new_string": "line 1"}
+    provider = ScriptedProvider.from_turns(
+        [{"tool_calls": [{"name": "edit", "arguments": edit}]}, {"text": "edited"}]
+    )
+    config = Config(
+        home=tmp_path / "home",
+        model="scripted:unused",
+        provider_factory=lambda model: provider,
+        interactive=True,
+    )
+    async with open_harness(config) as h:
+        session = await h.create_session(project)
+        async with h.subscribe(session.id) as events, trio.open_nursery() as nursery:
+            message_id = await h.prompt(session.id, "edit it")
+            view = Display(session.id, json_mode=False)
+            follow = TurnFollower(view, HarnessReplies(h), message_id, interactive=True)
+            code = await follow.follow_feed(events, nursery)
+            nursery.cancel_scope.cancel()
+    assert code == EXIT_OK
+    assert typed.read() == ""  # the ask was put to the terminal, and answered "once"
+    assert (project / "notes.txt").read_text().startswith("line 1\n")
