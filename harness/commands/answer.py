@@ -6,7 +6,6 @@ import argparse
 from typing import Any
 
 from harness.commands.base import UsageError, print_result, require_daemon
-from harness.commands.display import shape_answers
 
 
 def register(commands: Any) -> None:
@@ -40,6 +39,8 @@ def _answer(args: argparse.Namespace) -> int:
     request = pending.get(args.question)
     if request is None:
         raise UsageError(f"no pending question {args.question}")
+    from harness.commands.display import shape_answers
+
     answers = shape_answers(request["questions"], args.answers)
     client.answer_question(args.question, answers)
     return print_result(args.json, {"id": args.question, "answers": answers}, "answered")

@@ -19,8 +19,6 @@ from harness.commands.base import (
     client,
     error_line,
 )
-from harness.commands.display import Display
-from harness.commands.follow import CANCELLING, ClientReplies, HarnessReplies, TurnFollower
 
 if TYPE_CHECKING:
     from harness import Config, Harness, Rule
@@ -209,6 +207,8 @@ async def _run_embedded(
         UnknownAgentError,
         open_harness,
     )
+    from harness.commands.display import Display
+    from harness.commands.follow import HarnessReplies, TurnFollower
 
     view_code: int | None = None
     try:
@@ -252,6 +252,8 @@ async def _cancel_on_interrupt(h: Harness, session_id: str) -> None:
 
     import trio
 
+    from harness.commands.follow import CANCELLING
+
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for _ in signals:
             print(CANCELLING, file=sys.stderr)
@@ -282,6 +284,8 @@ def _run_via_daemon(
 ) -> int:
     from harness import new_message_id
     from harness.client import ApiError
+    from harness.commands.display import Display
+    from harness.commands.follow import ClientReplies, TurnFollower
 
     base_url = args.base_url or os.environ.get("HARNESS_BASE_URL") or None
     try:

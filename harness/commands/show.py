@@ -8,7 +8,6 @@ import json
 from typing import Any
 
 from harness.commands.base import EXIT_OK, UsageError, from_daemon, reader, usage_on
-from harness.commands.display import todo_lines
 
 
 def register(commands: Any) -> None:
@@ -53,6 +52,8 @@ def _show(args: argparse.Namespace) -> int:
         if info["role"] == "assistant" and info.get("error"):
             print(f"[error: {info['error']}]")
     if todos:
+        from harness.commands.display import todo_lines
+
         print("\n── " + todo_lines(todos, indent="  "))
     return EXIT_OK
 
