@@ -6,8 +6,14 @@ Embedding::
         session = await h.create_session(directory=".")
         result = await h.run(session.id, "read pyproject.toml and name the project")
 
-Names are imported on first use, so ``harness --help`` does not pay for Trio, pydantic
-and apsw.
+Reading a ledger without starting anything (what the CLI does when no daemon answers)::
+
+    reader = harness.open_reader(harness.Config(home=...))
+    for session in reader.sessions(): ...
+
+This module is the public API: the command line (``harness.cli``, ``harness.commands``)
+uses nothing else of ours but the daemon client (``harness.client``). Names are imported
+on first use, so ``harness --help`` does not pay for Trio, pydantic and apsw.
 """
 
 from __future__ import annotations
@@ -15,25 +21,115 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from harness.config import Config
-    from harness.messages.events import TurnResult
+    from harness.actors.permission import no_terminal_hint
+    from harness.agents import UnknownAgentError
+    from harness.config import (
+        Config,
+        ConfigError,
+        SocketPathError,
+        default_home,
+        usable_socket_path,
+    )
+    from harness.logs import configure_logging
+    from harness.messages.events import Event, TurnResult
+    from harness.messages.ids import message_id as new_message_id
+    from harness.messages.model import Rule
+    from harness.messages.question import NO_TERMINAL
+    from harness.permissions.ruleset import parse_rule_flag
+    from harness.private import open_private, private_dir
+    from harness.providers import resolve_model
+    from harness.providers.errors import ProviderError
+    from harness.reader import NoLedgerError, Reader, open_reader
     from harness.runtime import Harness, HarnessError, open_harness
+    from harness.secrets import RedactingStream, has_secrets, redact
+    from harness.server import DaemonRunning, serve
+    from harness.snapshots import RevertConflict, RevertResult, SessionBusy, SnapshotError
+    from harness.storage.ledger import LedgerError
+    from harness.trace import render_trace
 
-__all__ = ["Config", "Harness", "HarnessError", "TurnResult", "open_harness"]
+__all__ = [
+    "NO_TERMINAL",
+    "Config",
+    "ConfigError",
+    "DaemonRunning",
+    "Event",
+    "Harness",
+    "HarnessError",
+    "LedgerError",
+    "NoLedgerError",
+    "ProviderError",
+    "Reader",
+    "RedactingStream",
+    "RevertConflict",
+    "RevertResult",
+    "Rule",
+    "SessionBusy",
+    "SnapshotError",
+    "SocketPathError",
+    "TurnResult",
+    "UnknownAgentError",
+    "configure_logging",
+    "default_home",
+    "has_secrets",
+    "new_message_id",
+    "no_terminal_hint",
+    "open_harness",
+    "open_private",
+    "open_reader",
+    "parse_rule_flag",
+    "private_dir",
+    "redact",
+    "render_trace",
+    "resolve_model",
+    "serve",
+    "usable_socket_path",
+]
 
+# name → (module, attribute there)
 _WHERE = {
-    "Config": "harness.config",
-    "Harness": "harness.runtime",
-    "HarnessError": "harness.runtime",
-    "open_harness": "harness.runtime",
-    "TurnResult": "harness.messages.events",
+    "Config": ("harness.config", "Config"),
+    "ConfigError": ("harness.config", "ConfigError"),
+    "SocketPathError": ("harness.config", "SocketPathError"),
+    "default_home": ("harness.config", "default_home"),
+    "usable_socket_path": ("harness.config", "usable_socket_path"),
+    "Harness": ("harness.runtime", "Harness"),
+    "HarnessError": ("harness.runtime", "HarnessError"),
+    "open_harness": ("harness.runtime", "open_harness"),
+    "Event": ("harness.messages.events", "Event"),
+    "TurnResult": ("harness.messages.events", "TurnResult"),
+    "Rule": ("harness.messages.model", "Rule"),
+    "new_message_id": ("harness.messages.ids", "message_id"),
+    "NO_TERMINAL": ("harness.messages.question", "NO_TERMINAL"),
+    "no_terminal_hint": ("harness.actors.permission", "no_terminal_hint"),
+    "parse_rule_flag": ("harness.permissions.ruleset", "parse_rule_flag"),
+    "UnknownAgentError": ("harness.agents", "UnknownAgentError"),
+    "ProviderError": ("harness.providers.errors", "ProviderError"),
+    "resolve_model": ("harness.providers", "resolve_model"),
+    "NoLedgerError": ("harness.reader", "NoLedgerError"),
+    "Reader": ("harness.reader", "Reader"),
+    "open_reader": ("harness.reader", "open_reader"),
+    "LedgerError": ("harness.storage.ledger", "LedgerError"),
+    "RevertConflict": ("harness.snapshots", "RevertConflict"),
+    "RevertResult": ("harness.snapshots", "RevertResult"),
+    "SessionBusy": ("harness.snapshots", "SessionBusy"),
+    "SnapshotError": ("harness.snapshots", "SnapshotError"),
+    "DaemonRunning": ("harness.server", "DaemonRunning"),
+    "serve": ("harness.server", "serve"),
+    "configure_logging": ("harness.logs", "configure_logging"),
+    "open_private": ("harness.private", "open_private"),
+    "private_dir": ("harness.private", "private_dir"),
+    "RedactingStream": ("harness.secrets", "RedactingStream"),
+    "has_secrets": ("harness.secrets", "has_secrets"),
+    "redact": ("harness.secrets", "redact"),
+    "render_trace": ("harness.trace", "render_trace"),
 }
 
 
 def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
+    where = _WHERE.get(name)
+    if where is None:
         raise AttributeError(f"module 'harness' has no attribute {name!r}")
     import importlib
 
-    return getattr(importlib.import_module(module), name)
+    module, attribute = where
+    return getattr(importlib.import_module(module), attribute)

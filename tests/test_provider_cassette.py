@@ -336,7 +336,8 @@ def test_model_strings_and_first_difference() -> None:
 
 
 def test_record_keeps_run_embedded() -> None:
-    from harness.cli import _daemon_can_take, _parser
+    from harness.cli import _parser
+    from harness.commands.run import _daemon_can_take
 
     assert _daemon_can_take(_parser().parse_args(["run", "hi"]))
     assert not _daemon_can_take(_parser().parse_args(["run", "--record", "c.jsonl", "hi"]))

@@ -27,6 +27,7 @@ import trio
 
 from harness import cli, server
 from harness.client import ApiError, Client
+from harness.commands.display import shape_answers
 from harness.config import Config
 from harness.messages.events import Event
 from harness.messages.model import ToolCompleted, ToolError, ToolPart
@@ -390,7 +391,7 @@ async def test_a_question_answered_through_the_api(
 
 
 def test_typed_answers_are_shaped_per_question() -> None:
-    shape = cli.shape_answers
+    shape = shape_answers
     assert shape(QUESTIONS, ["2", "auth, 3"]) == [["SQLite"], ["auth", "search"]]
     assert shape(QUESTIONS, ["postgres", ""]) == [["Postgres"], []]
     # A single-choice answer is kept whole: free text may contain commas.

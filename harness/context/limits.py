@@ -1,7 +1,7 @@
 """Context windows and output limits per model, in tokens.
 
-The figures for Mistral's models are their published limits at the time of writing; a
-model missing here gets a conservative default. ``Config.model_limits`` overrides any
+The figures are the providers' published limits, kept in the provider table; a model
+missing there gets a conservative default. ``Config.model_limits`` overrides any
 entry (``{"mistral/my-finetune": (32000, 4096)}``), which is also how tests make a tiny
 window for the scripted model.
 """
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from harness.providers.table import known_limits, limits_key
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,24 +27,16 @@ class ModelLimits:
 
 DEFAULT_LIMITS = ModelLimits(context=32_000, output=4_096)
 
+# The published limits, from the provider table (harness/providers/table.py).
 KNOWN_LIMITS: dict[str, ModelLimits] = {
-    "mistral/mistral-large-latest": ModelLimits(128_000, 16_384),
-    "mistral/mistral-medium-latest": ModelLimits(128_000, 16_384),
-    "mistral/mistral-small-latest": ModelLimits(128_000, 16_384),
-    "mistral/devstral-medium-latest": ModelLimits(128_000, 16_384),
-    "mistral/devstral-small-latest": ModelLimits(128_000, 16_384),
-    "mistral/codestral-latest": ModelLimits(256_000, 16_384),
-    "mistral/magistral-medium-latest": ModelLimits(40_000, 16_384),
-    "mistral/magistral-small-latest": ModelLimits(40_000, 16_384),
-    "mistral/ministral-8b-latest": ModelLimits(128_000, 8_192),
-    "mistral/ministral-3b-latest": ModelLimits(128_000, 8_192),
-    "mistral/open-mistral-nemo": ModelLimits(128_000, 8_192),
+    model: ModelLimits(*limits) for model, limits in known_limits().items()
 }
 
 
 def limits_for(model: str, overrides: Mapping[str, tuple[int, int]] | None = None) -> ModelLimits:
-    """Limits of a model string; scripted models are keyed by the prefix ``scripted``."""
-    key = "scripted" if model.startswith("scripted:") else model
+    """Limits of a model string; a kind whose models share limits (``scripted``) is keyed
+    by its name."""
+    key = limits_key(model)
     if overrides:
         for name in (model, key):
             if name in overrides:

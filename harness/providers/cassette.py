@@ -39,10 +39,10 @@ from harness.messages.provider import ProviderRequest, StreamEvent
 from harness.private import open_private
 from harness.providers.base import Provider
 from harness.providers.errors import BadRequestError
+from harness.providers.table import PROVIDERS, http_kinds, http_provider
 from harness.secrets import redact
 
 VERSION = 1
-PROVIDERS = ("mistral", "openai")
 # The response headers the provider code reads (content decoding, retry hints).
 KEPT_HEADERS = ("content-type", "content-encoding", "retry-after", "retry-after-ms")
 
@@ -216,7 +216,7 @@ def _exchange(entry: Any, line: int, where: str) -> Exchange:
     if entry.get("v") != VERSION:
         raise CassetteError(f"{where}: unsupported cassette version {entry.get('v')!r}")
     provider = _field(entry, "provider", str, where)
-    if provider not in PROVIDERS:
+    if provider not in http_kinds():
         raise CassetteError(f"{where}: unknown provider {provider!r}")
     model = _field(entry, "model", str, where)
     base_url = entry.get("base_url")
@@ -390,18 +390,14 @@ class ReplayProvider:
         self.model = first.model
         self.transport = ReplayTransport(path, exchanges)
         self._inner: Provider
-        if first.provider == "mistral":
-            from harness.providers.mistral import MistralProvider
-
-            self._inner = MistralProvider(
-                first.model, api_key="replay", base_url=first.base_url, transport=self.transport
-            )
-        else:
-            from harness.providers.openai import OpenAIProvider
-
-            self._inner = OpenAIProvider(
-                first.model, base_url=first.base_url, transport=self.transport
-            )
+        kind = PROVIDERS[first.provider]
+        self._inner = http_provider(
+            first.provider,
+            first.model,
+            base_url=first.base_url,
+            transport=self.transport,
+            api_key="replay" if kind.key_required else None,
+        )
         self.name = self._inner.name
 
     def stream(

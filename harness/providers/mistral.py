@@ -33,7 +33,7 @@ from harness.messages.provider import (
     UserTurn,
 )
 from harness.providers.errors import AuthError, ProviderError, TruncatedStreamError
-from harness.providers.pricing import DEFAULT_PRICES, PriceTable
+from harness.providers.pricing import PriceTable
 from harness.providers.sdk_models import models_without_the_client
 from harness.providers.sse import (
     ToolCallAssembler,
@@ -44,6 +44,7 @@ from harness.providers.sse import (
     open_stream,
     sse_data,
 )
+from harness.providers.table import default_prices
 from harness.providers.wire import SystemText, WireCache, WireMessage, system_text
 
 with models_without_the_client():  # the models only: not the SDK's client (see there)
@@ -313,7 +314,7 @@ class MistralProvider:
             if http_client is not None
             else new_client(self.url, TIMEOUT, transport)
         )
-        self._prices = prices if prices is not None else DEFAULT_PRICES
+        self._prices = prices if prices is not None else default_prices("mistral")
         self._requests = request_cache()
 
     @asynccontextmanager

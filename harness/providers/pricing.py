@@ -1,4 +1,5 @@
-"""Prices per model, to turn a step's token usage into USD."""
+"""Prices per model, to turn a step's token usage into USD (the known ones are in the
+provider table, ``harness.providers.table``)."""
 
 from __future__ import annotations
 
@@ -14,30 +15,11 @@ class Price:
     output: float  # USD per million output tokens
 
 
-# Mistral's list prices as last known here (USD per million tokens, input/output). They
-# change and may be stale: pass your own PriceTable to correct them. Unknown models cost
-# 0.0, which callers should show as "no price" rather than "free" where it matters.
-MISTRAL_PRICES: Mapping[str, Price] = {
-    "mistral-large-latest": Price(0.5, 1.5),
-    "mistral-medium-latest": Price(0.4, 2.0),
-    "mistral-small-latest": Price(0.1, 0.3),
-    "devstral-medium-latest": Price(0.4, 2.0),
-    "devstral-small-latest": Price(0.1, 0.3),
-    "codestral-latest": Price(0.3, 0.9),
-    "magistral-medium-latest": Price(2.0, 5.0),
-    "magistral-small-latest": Price(0.5, 1.5),
-}
-
-
 class PriceTable:
     """Model name → Price. Names are matched exactly, with or without a provider prefix."""
 
     def __init__(self, prices: Mapping[str, Price] | None = None) -> None:
         self._prices: dict[str, Price] = dict(prices or {})
-
-    @classmethod
-    def mistral(cls) -> PriceTable:
-        return cls(MISTRAL_PRICES)
 
     @classmethod
     def from_config(cls, raw: Mapping[str, Mapping[str, float]]) -> PriceTable:
@@ -70,9 +52,3 @@ class PriceTable:
         output_tokens = usage.output + usage.reasoning
         return (input_tokens * price.input + output_tokens * price.output) / 1_000_000
 
-
-DEFAULT_PRICES = PriceTable.mistral()
-
-
-def cost(model: str, usage: Tokens, table: PriceTable = DEFAULT_PRICES) -> float:
-    return table.cost(model, usage)

@@ -1,0 +1,118 @@
+"""What the commands share: exit codes, usage errors, the way to the daemon or the ledger."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from harness import Reader
+    from harness.client import Client
+
+# Exit codes (contract): 0 answered, 1 error, 2 usage, 3 stopped by a limit, 4 stopped by
+# a denial, 130 cancelled.
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_LIMIT, EXIT_DENIED, EXIT_CANCELLED = 0, 1, 2, 3, 4, 130
+EXIT_BY_REASON = {
+    "answered": EXIT_OK,
+    "error": EXIT_ERROR,
+    "max_steps": EXIT_LIMIT,
+    "doom_loop": EXIT_LIMIT,
+    "budget": EXIT_LIMIT,
+    "overflow": EXIT_LIMIT,
+    "denied": EXIT_DENIED,
+    "cancelled": EXIT_CANCELLED,
+}
+
+DURABILITY_HELP = (
+    "normal (default): a commit survives a crash of the process; "
+    "full: it also survives a power loss (an fsync per commit batch)"
+)
+SANDBOX_MODES = ("workspace-write", "read-only", "off")  # harness/tools/sandbox.py
+SANDBOX_HELP = (
+    "what commands run under: workspace-write (default: only the session directory and "
+    "a private /tmp writable, no network), read-only, or off ($HARNESS_SANDBOX)"
+)
+
+T = TypeVar("T")
+
+
+class UsageError(Exception):
+    """Bad flags or arguments: exit 2 with the message."""
+
+
+def leaves(error: BaseException) -> list[BaseException]:
+    """The errors inside an exception group (Trio groups even a single one)."""
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in leaves(inner)]
+    return [error]
+
+
+def client() -> Client | None:
+    """A client for the daemon's socket, or None when no usable socket path exists."""
+    from harness import Config, SocketPathError
+    from harness.client import Client
+
+    try:
+        return Client(Config.from_env().socket_path)
+    except SocketPathError:
+        return None
+
+
+def from_daemon(call: Callable[[Client], T]) -> T | None:
+    """``call(client)`` against the daemon, or None when no daemon answers."""
+    from harness.client import DaemonUnavailable
+
+    found = client()
+    if found is None:
+        return None
+    try:
+        return call(found)
+    except DaemonUnavailable:
+        return None
+
+
+def require_daemon() -> Client:
+    from harness.client import DaemonUnavailable
+
+    found = client()
+    if found is None or not found.alive():
+        where = found.socket_path if found is not None else "$HARNESS_SOCKET"
+        raise DaemonUnavailable(f"no daemon answers on {where} (start one with `harness serve`)")
+    return found
+
+
+def usage_on(call: Callable[[], T], *statuses: int) -> T:
+    """``call()``, with the daemon's answer for bad input (``statuses``) a usage error."""
+    from harness.client import ApiError
+
+    try:
+        return call()
+    except ApiError as error:
+        if error.status in statuses:
+            raise UsageError(error.message) from error
+        raise
+
+
+def reader() -> Reader:
+    """The ledger, read-only: for the read commands when no daemon answers. A file that
+    cannot be read is a storage failure (exit 1), not a usage error."""
+    from harness import NoLedgerError, open_reader
+
+    try:
+        return open_reader()
+    except NoLedgerError as error:
+        raise UsageError(str(error)) from error
+
+
+def print_result(as_json: bool, body: dict[str, Any], text: str) -> int:
+    print(json.dumps(body) if as_json else text)
+    return EXIT_OK
+
+
+def error_line(message: str) -> int:
+    """A failure that is not a usage error (busy, a conflict): the same command may work
+    later."""
+    print(f"harness: {message}", file=sys.stderr)
+    return EXIT_ERROR

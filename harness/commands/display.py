@@ -1,0 +1,174 @@
+"""How a turn looks on the terminal, embedded or through the daemon: steps on stderr,
+the answer on stdout; and how the user answers asks and questions there."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TextIO
+
+from harness.commands.base import EXIT_BY_REASON, EXIT_ERROR, UsageError
+
+if TYPE_CHECKING:
+    from harness import Event
+    from harness.client import WireEvent
+
+
+class Display:
+    """How a run looks, embedded or through the daemon: steps on stderr, answer on stdout."""
+
+    def __init__(self, session_id: str, *, json_mode: bool) -> None:
+        self.session_id = session_id
+        self.json = json_mode
+        self._err: TextIO = sys.stderr
+        self._sandbox_noticed = False
+
+    def show(self, event: Event | WireEvent) -> None:
+        if event.type == "sandbox.unavailable" and not self._sandbox_noticed:
+            # On stderr even with --json: the one line that says commands ran unsandboxed.
+            self._sandbox_noticed = True
+            print(f"harness: {event.data.get('notice')}", file=self._err, flush=True)
+        if self.json:
+            print(event.to_json(), flush=True)
+            return
+        data = event.data
+        if event.type == "part.updated" and data.get("type") == "tool":
+            state = data["state"]
+            tool = data["tool"]
+            if state["status"] == "running":
+                print(f"→ {state.get('title') or tool}", file=self._err, flush=True)
+            elif state["status"] == "completed":
+                print(f"✓ {tool} ({_summary(state)})", file=self._err, flush=True)
+            elif state["status"] == "error":
+                first = str(state.get("error", "")).splitlines()[0:1]
+                print(f"✗ {tool}: {first[0] if first else 'error'}", file=self._err, flush=True)
+        elif event.type == "step.request":
+            print(json.dumps(data, indent=2, ensure_ascii=False), file=self._err, flush=True)
+        elif event.type == "todo.updated":
+            print(todo_lines(data.get("todos") or [], indent="  "), file=self._err, flush=True)
+        elif event.type == "session.retry":
+            wait = max(0.0, float(data.get("next", 0)) - time.time())
+            print(
+                f"… provider error, retry {data.get('attempt')} in {wait:.0f}s: "
+                f"{data.get('error')}",
+                file=self._err,
+                flush=True,
+            )
+
+    def finish(self, event: Event | WireEvent) -> int:
+        reason = event.data["reason"]
+        answer = event.data.get("answer") or ""
+        error = event.data.get("error")
+        if not self.json:
+            if answer:
+                print(answer, flush=True)
+            if reason == "error":
+                print(f"harness: error: {error}", file=self._err)
+            elif reason != "answered":
+                detail = f": {error}" if error else ""
+                print(f"harness: stopped ({reason}){detail}", file=self._err)
+        return EXIT_BY_REASON.get(reason, EXIT_ERROR)
+
+    def question(self, event: Event | WireEvent) -> str:
+        data = event.data
+        child = event.session_id != self.session_id
+        return (
+            f"\n? {data['permission']} wants '{data['pattern']}'"
+            f"{' (session ' + event.session_id + ')' if child else ''}"
+            f"\n  [o]nce  [a]lways ({data['always']})  [r]eject  — or type feedback to reject: "
+        )
+
+
+def parse_answer(line: str) -> tuple[str, str | None]:
+    """A typed answer to a permission ask: the reply, and feedback when it is free text."""
+    answer = line.strip()
+    if answer.lower() in ("o", "once", "y", "yes"):
+        return "once", None
+    if answer.lower() in ("a", "always"):
+        return "always", None
+    if answer.lower() in ("", "r", "reject", "n", "no"):
+        return "reject", None
+    return "reject", answer
+
+
+def ask_at_terminal(data: dict[str, Any], child: str | None) -> list[list[str]] | None:
+    """Ask each question of a ``question.asked`` event; None when the user dismisses them."""
+    texts: list[str] = []
+    for index in range(len(data["questions"])):
+        print(question_prompt(data, index, child), end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline().strip()
+        if not line:
+            return None
+        texts.append(line)
+    return shape_answers(data["questions"], texts)
+
+
+def todo_lines(todos: list[dict[str, Any]], indent: str = "") -> str:
+    """A task list as ``show`` and ``run`` print it: ``[x] write tests (high)``."""
+    marks = {"pending": "[ ]", "in_progress": "[>]", "completed": "[x]", "cancelled": "[-]"}
+    done = sum(t.get("status") == "completed" for t in todos)
+    lines = [f"todos: {done}/{len(todos)} completed"]
+    for todo in todos:
+        mark = marks.get(todo.get("status", ""), "[?]")
+        lines.append(f"{indent}{mark} {todo.get('content')} ({todo.get('priority', 'medium')})")
+    return "\n".join(lines)
+
+
+def _summary(state: dict[str, Any]) -> str:
+    metadata = state.get("metadata") or {}
+    if "todos" in metadata or "answers" in metadata:
+        return str(state.get("title") or "done")  # "3 todos", "asked 2 questions"
+    if "lines" in metadata:
+        return f"{metadata['lines']} lines"
+    if "exit" in metadata:
+        return f"exit {metadata['exit']}"
+    output = state.get("output") or ""
+    count = output.count("\n") + 1 if output else 0
+    return f"{count} lines"
+
+
+def shape_answers(questions: list[dict[str, Any]], texts: Sequence[str]) -> list[list[str]]:
+    """Typed answers, one per question, as the labels the API takes.
+
+    A number picks that option; a label is matched without regard to case; a question
+    that allows several answers takes them separated by commas; anything else is the
+    user's own answer, kept as typed.
+    """
+    if len(texts) != len(questions):
+        raise UsageError(
+            f"{len(questions)} question(s) asked and {len(texts)} answer(s) given: "
+            "give one ANSWER per question, in order (quote an answer that has spaces)"
+        )
+    shaped: list[list[str]] = []
+    for info, text in zip(questions, texts, strict=True):
+        labels = [str(o["label"]) for o in info.get("options") or []]
+        pieces = text.split(",") if info.get("multiple") else [text]
+        chosen: list[str] = []
+        for piece in (p.strip() for p in pieces):
+            if not piece:
+                continue
+            if piece.isdigit() and 1 <= int(piece) <= len(labels):
+                piece = labels[int(piece) - 1]
+            else:
+                piece = next((label for label in labels if label.lower() == piece.lower()), piece)
+            chosen.append(piece)
+        shaped.append(chosen)
+    return shaped
+
+
+def question_prompt(data: dict[str, Any], index: int, child: str | None) -> str:
+    """One question of a ``question.asked`` event, as the terminal shows it."""
+    info = data["questions"][index]
+    count = len(data["questions"])
+    head = f"[{info['header']}] " if info.get("header") else ""
+    where = f" (session {child})" if child else ""
+    number = f" ({index + 1}/{count})" if count > 1 else ""
+    lines = [f"\n? {head}{info['question']}{number}{where}"]
+    for n, option in enumerate(info.get("options") or [], 1):
+        detail = f" — {option['description']}" if option.get("description") else ""
+        lines.append(f"  {n}. {option['label']}{detail}")
+    several = "numbers or labels, comma-separated" if info.get("multiple") else "a number or label"
+    lines.append(f"  answer with {several}, or your own words (empty line dismisses): ")
+    return "\n".join(lines)
