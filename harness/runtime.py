@@ -55,7 +55,7 @@ from harness.messages.permission import PermissionRequest, Reply
 from harness.messages.question import Answers, QuestionRequest
 from harness.messages.todo import Todo
 from harness.private import prepare_home
-from harness.providers import split_model
+from harness.providers import resolve_model, split_model
 from harness.secrets import refresh_secrets
 from harness.storage.ledger import Ledger
 from harness.storage.lock import LockHolder, hold_ledger
@@ -121,10 +121,10 @@ class Harness:
         agent_name = agent or self.config.agent
         get_agent(agent_name)  # raises UnknownAgentError with the list of agents
         model_name = model or self.config.model
-        kind, name = split_model(model_name)  # raises on an unknown provider
-        if kind in ("scripted", "replay"):
-            # Resolve now: a daemon's working directory is not the client's.
-            model_name = f"{kind}:{Path(name).expanduser().resolve()}"
+        split_model(model_name)  # raises on an unknown provider
+        # A file argument is made absolute now: a daemon's working directory is not the
+        # client's.
+        model_name = resolve_model(model_name)
         session = new_session(
             parent_id=parent_id,
             title=title,
