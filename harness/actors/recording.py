@@ -144,8 +144,9 @@ class Recorder:
     async def read(self, reply: Reply, request: ProviderRequest) -> ProviderError | None:
         """Stream the answer to ``request`` into ``reply``; the provider's error if it failed.
 
-        The reply's open parts are closed whatever happened (its message is left for the
-        caller to finish): a failed or cancelled stream keeps what it streamed.
+        The reply's open parts are closed (its message is left for the caller to finish,
+        since what the reply means is the caller's): a stream that fails or is cancelled
+        keeps what it streamed.
         """
         try:
             async with stream_with_retries(

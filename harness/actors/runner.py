@@ -1,14 +1,19 @@
 """Runner: the loop of DESIGN §1, one step at a time, for one turn of one session.
 
 Every step starts by reading the ledger (``History.sync``) and decides from it alone
-whether the turn is answered; the runner's own variables only carry a step's streaming
-state. So a runner started on a ledger left by a killed process picks up exactly where
-the ledger says the turn was.
+whether the turn is answered; the runner's own variables only say whether this step
+was already compacted. So a runner started on a ledger left by a killed process picks
+up exactly where the ledger says the turn was.
 
 A step: record an assistant message → stream the model's reply into parts → hand the
-tool calls to the ToolExecutor (which records their results) → decide. The turn ends
-when the last assistant message is finished with no tool call left for the model to
-see, or on a limit, a denial, an error or a cancel — each recorded as the reason.
+tool calls to the ToolExecutor (which records their results) → decide. Each step (and a
+compaction, a re-run) answers the loop with an outcome (``messages.outcome``): go on, or
+stop with a reason, which ``run_turn`` turns into the ``TurnResult`` in one place. The
+turn ends when the last assistant message is finished with no tool call left for the
+model to see, or on a limit, a denial, an error or a cancel — each recorded as the reason.
+
+Asking the model and recording the reply as parts is ``recording.Recorder``'s; the
+compaction turn is ``context.compaction.compact``.
 """
 
 from __future__ import annotations
@@ -21,8 +26,8 @@ import structlog
 import trio
 
 from harness.actors.recording import Recorder, RetrySink, UsageSink
-from harness.context.budget import Budget
-from harness.context.compaction import BUDGET_PROMPT, compact
+from harness.context.budget import BUDGET_PROMPT, Budget
+from harness.context.compaction import compact
 from harness.context.limits import DEFAULT_LIMITS, ModelLimits
 from harness.history import History, estimate_tokens, text_of
 from harness.messages.events import NewEvent, StopReason, TurnResult
@@ -45,13 +50,6 @@ STEP_LIMIT_REFUSAL = "tools are disabled: the step limit was reached; answer wit
 DOOM_LOOP_THRESHOLD = 3
 
 
-def _canonical(arguments: str) -> str:
-    try:
-        return json.dumps(json.loads(arguments), sort_keys=True, separators=(",", ":"))
-    except json.JSONDecodeError:
-        return arguments
-
-
 @dataclass(frozen=True, slots=True)
 class ContextPolicy:
     """How the runner keeps the history within the model's window."""
@@ -70,6 +68,8 @@ class LastStep:
 
 
 class Runner:
+    """Runs one turn of one session: the loop, its steps and what each step hands on."""
+
     def __init__(
         self,
         *,
@@ -190,12 +190,9 @@ class Runner:
         return estimate + self._fixed_tokens
 
     def _last_text(self, user_message_id: str) -> str:
-        steps = self._history.turn_steps(user_message_id)
-        for step in reversed(steps):
-            text = text_of(self._history.parts_of(step.id))
-            if text:
-                return text
-        return ""
+        history = self._history
+        steps = reversed(history.turn_steps(user_message_id))
+        return next((text for s in steps if (text := text_of(history.parts_of(s.id)))), "")
 
     def _count_usage(self, tokens: Tokens, cost: float) -> None:
         self._on_usage(tokens, cost)
@@ -288,3 +285,10 @@ class Runner:
             ] + previous
         this = (call.tool, _canonical(call.arguments))
         return len(previous) == wanted and all(p == this for p in previous)
+
+
+def _canonical(arguments: str) -> str:
+    try:
+        return json.dumps(json.loads(arguments), sort_keys=True, separators=(",", ":"))
+    except json.JSONDecodeError:
+        return arguments

@@ -47,12 +47,6 @@ COMPACTION_PROMPT: Final = (
     "what you were about to do. Do not invent anything that did not happen."
 )
 
-BUDGET_PROMPT: Final = (
-    "BUDGET REACHED. The budget for this task ({reason}) is used up, so tools are disabled "
-    "now. Do not call any tool. Answer with text only: say that the budget was reached, "
-    "summarise what was done, list what remains, and recommend next steps."
-)
-
 
 async def compact(
     recorder: Recorder,
