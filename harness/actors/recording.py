@@ -156,13 +156,11 @@ class Recorder:
                     await reply.record(event)
                 await reply.flush_deltas()
         except ProviderError as error:
-            reply.close_parts()
             return error
         finally:
-            # On a cancel, keep what was streamed: the partial text is part of the record.
-            if reply.finish is None:
-                reply.close_parts()
-        reply.close_parts()
+            # On a cancel too (even one after the Finish, while the stream is closing):
+            # what was streamed is part of the record.
+            reply.close_parts()
         return None
 
     async def publish_request(self, request: ProviderRequest, sources: Sequence[str]) -> None:
