@@ -270,7 +270,9 @@ class Runner:
         planned: list[PlannedCall] = []
         for call in calls:
             doom_loop = self._repeats(planned, call, user_message_id)
-            planned.append(replace(call, doom_loop=doom_loop, refusal=refusal))
+            if doom_loop or refusal is not None:
+                call = replace(call, doom_loop=doom_loop, refusal=refusal)
+            planned.append(call)
         return planned
 
     def _repeats(self, before: list[PlannedCall], call: PlannedCall, user_message_id: str) -> bool:
