@@ -254,7 +254,8 @@ class Runner:
             for p in parts
         ]
         log.info("re-running interrupted read-only calls", count=len(calls))
-        return await self._execute(parts[0].message_id, calls) or Next()
+        stop = await self._execute(parts[0].message_id, calls)
+        return stop if stop is not None else Next()
 
     async def _execute(self, message_id: str, calls: list[PlannedCall]) -> Stop | None:
         """Hand the calls to the ToolExecutor; a stop when one call's outcome ends the turn."""
