@@ -10,8 +10,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Final
 
 from harness.messages.model import Tokens
+
+# What the last step's model is told once a budget is spent ({reason}: Budget.spent()).
+BUDGET_PROMPT: Final = (
+    "BUDGET REACHED. The budget for this task ({reason}) is used up, so tools are disabled "
+    "now. Do not call any tool. Answer with text only: say that the budget was reached, "
+    "summarise what was done, list what remains, and recommend next steps."
+)
 
 
 @dataclass
