@@ -48,6 +48,7 @@ from harness.messages.mailbox import (
     RegisterChild,
     ReplyPermission,
     WakeSession,
+    ask,
 )
 from harness.messages.model import Delivery, InboxItem, MessageWithParts, Rule, Session
 from harness.messages.permission import PermissionRequest, Reply
@@ -308,9 +309,9 @@ class Harness:
     async def cancel(self, session_id: str) -> bool:
         """Cancel the running turn: its stream, tools and their process groups stop."""
         self.session(session_id)
-        reply_send, reply_receive = trio.open_memory_channel[bool](1)
-        await self._supervisor.mailbox.send(CancelSession(session_id, reply_send))
-        return await reply_receive.receive()
+        return await ask(
+            self._supervisor.mailbox, lambda reply: CancelSession(session_id, reply)
+        )
 
     # --- events -----------------------------------------------------------------------------
 
@@ -358,9 +359,9 @@ class Harness:
     # --- permissions ------------------------------------------------------------------------
 
     async def pending_permissions(self, session_id: str | None = None) -> list[PermissionRequest]:
-        reply_send, reply_receive = trio.open_memory_channel[list[PermissionRequest]](1)
-        await self._permission.mailbox.send(ListPending(session_id, reply_send))
-        return await reply_receive.receive()
+        return await ask(
+            self._permission.mailbox, lambda reply: ListPending(session_id, reply)
+        )
 
     async def reply_permission(
         self,
@@ -375,18 +376,17 @@ class Harness:
         ``no_terminal`` (with ``reject``) says nobody could be asked: the call fails with
         the same words, naming the flag that would allow it, as in a run with no terminal.
         """
-        done_send, done_receive = trio.open_memory_channel[bool](1)
-        await self._permission.mailbox.send(
-            ReplyPermission(request_id, reply, message, done_send, no_terminal)
+        return await ask(
+            self._permission.mailbox,
+            lambda done: ReplyPermission(request_id, reply, message, done, no_terminal),
         )
-        return await done_receive.receive()
 
     # --- questions --------------------------------------------------------------------------
 
     async def pending_questions(self, session_id: str | None = None) -> list[QuestionRequest]:
-        reply_send, reply_receive = trio.open_memory_channel[list[QuestionRequest]](1)
-        await self._question.mailbox.send(ListQuestions(session_id, reply_send))
-        return await reply_receive.receive()
+        return await ask(
+            self._question.mailbox, lambda reply: ListQuestions(session_id, reply)
+        )
 
     async def answer_question(self, request_id: str, answers: Answers) -> bool:
         """Answer a pending question set: one list of labels (or free text) per question.
@@ -407,9 +407,10 @@ class Harness:
     async def _settle_question(
         self, request_id: str, answers: Answers | None, message: str | None
     ) -> bool:
-        done_send, done_receive = trio.open_memory_channel[str | None](1)
-        await self._question.mailbox.send(AnswerQuestion(request_id, answers, message, done_send))
-        problem = await done_receive.receive()
+        problem: str | None = await ask(
+            self._question.mailbox,
+            lambda done: AnswerQuestion(request_id, answers, message, done),
+        )
         if problem == "not_found":
             return False
         if problem is not None:
