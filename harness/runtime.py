@@ -38,7 +38,7 @@ from harness.agents import get_agent
 from harness.config import Config, SocketPathError, default_home
 from harness.logs import configure_logging
 from harness.messages import ids
-from harness.messages.events import Event, NewEvent, TurnResult
+from harness.messages.events import Event, NewEvent, TurnResult, wait_turn_finished
 from harness.messages.mailbox import (
     AnswerQuestion,
     CancelSession,
@@ -213,9 +213,7 @@ class Harness:
         async with self.subscribe(session_id) as events:
             if await self.cancel(session_id):
                 with trio.move_on_after(_DELETE_WAIT):
-                    async for event in events:
-                        if event.type == "turn.finished" and event.session_id == session_id:
-                            break
+                    await wait_turn_finished(events, session_id=session_id)
         await self.ledger.write([NewEvent("session.deleted", session_id, {"id": session_id})])
         log.info("session deleted", session_id=session_id, dropped_inputs=len(queued))
 
@@ -296,14 +294,9 @@ class Harness:
         """Prompt, then wait for that turn to end: the answer and the stop reason."""
         async with self.subscribe(session_id) as events:
             sent = await self.prompt(session_id, text, message_id=message_id)
-            async for event in events:
-                if event.type == "turn.finished" and event.data.get("message_id") == sent:
-                    return TurnResult(
-                        sent,
-                        event.data["reason"],
-                        event.data.get("answer", ""),
-                        event.data.get("error"),
-                    )
+            result = await wait_turn_finished(events, message_id=sent)
+            if result is not None:
+                return result
         raise HarnessError("the harness closed before the turn finished")
 
     async def cancel(self, session_id: str) -> bool:

@@ -13,8 +13,9 @@ payloads were validated when their models were built).
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterable
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 from pydantic import BaseModel
 
@@ -116,3 +117,46 @@ class TurnResult:
             "answer": self.answer,
             "error": self.error,
         }
+
+
+class _EventLike(Protocol):
+    """An ``Event``, or the client's ``WireEvent``: what the turn helpers read."""
+
+    @property
+    def type(self) -> str: ...
+    @property
+    def session_id(self) -> str: ...
+    @property
+    def data(self) -> dict[str, Any]: ...
+
+
+def finished_turn(
+    event: _EventLike, *, message_id: str | None = None, session_id: str | None = None
+) -> TurnResult | None:
+    """The result when ``event`` is a ``turn.finished``, else None.
+
+    With ``message_id``: only the turn that message started; with ``session_id``: only a
+    turn of that session (a subscription also carries its child sessions' events).
+    """
+    if event.type != "turn.finished":
+        return None
+    data = event.data
+    if message_id is not None and data.get("message_id") != message_id:
+        return None
+    if session_id is not None and event.session_id != session_id:
+        return None
+    return TurnResult(data["message_id"], data["reason"], data.get("answer", ""), data.get("error"))
+
+
+async def wait_turn_finished(
+    events: AsyncIterable[_EventLike],
+    *,
+    message_id: str | None = None,
+    session_id: str | None = None,
+) -> TurnResult | None:
+    """Read ``events`` until a turn finishes (see ``finished_turn``); None if they end first."""
+    async for event in events:
+        result = finished_turn(event, message_id=message_id, session_id=session_id)
+        if result is not None:
+            return result
+    return None
