@@ -15,12 +15,16 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterable
 from dataclasses import dataclass
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel
 
-EventType = Literal[
-    # durable: each one is applied to a projection table (see storage/projections.py)
+# Every event type, in three groups. A new type goes in exactly one of them; a projected
+# one also needs its entry in storage/projections.py's PROJECTIONS (typed by
+# ProjectedType, and tests/test_event_types.py checks that every one has an entry).
+
+# durable: each one is applied to a projection table (see storage/projections.py)
+ProjectedType = Literal[
     "session.created",
     "session.updated",
     "session.deleted",
@@ -38,7 +42,10 @@ EventType = Literal[
     "turn.resumed",
     "turn.finished",
     "todo.updated",
-    # durable, log only: the record of why things happened
+]
+
+# durable, log only: the record of why things happened
+LoggedType = Literal[
     "permission.asked",
     "permission.replied",
     "permission.decided",
@@ -46,14 +53,17 @@ EventType = Literal[
     "question.replied",
     "question.rejected",
     "sandbox.unavailable",  # a turn's commands run unsandboxed: {requested, reason, notice}
-    # ephemeral: published live, never stored
+]
+
+# ephemeral: published live, never stored
+EphemeralType = Literal[
     "part.delta",
     "session.retry",
     "feed.overflow",
     "step.request",
 ]
 
-EPHEMERAL_TYPES: Final = frozenset({"part.delta", "session.retry", "feed.overflow", "step.request"})
+EventType = Literal[ProjectedType, LoggedType, EphemeralType]
 
 
 @dataclass(slots=True, frozen=True)
