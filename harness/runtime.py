@@ -173,9 +173,7 @@ class Harness:
         if base_url is not None:
             changes["base_url"] = base_url
         updated = session.model_copy(update=changes)
-        await self.ledger.write(
-            [NewEvent("session.updated", session_id, updated.model_dump(mode="json"))]
-        )
+        await self.ledger.write([NewEvent.of("session.updated", session_id, updated)])
         log.info("session updated", session_id=session_id, fields=sorted(changes))
         return updated
 
@@ -286,7 +284,7 @@ class Harness:
             max_steps=max_steps,
             created=time.time(),
         )
-        await self.ledger.write([NewEvent("inbox.added", session_id, item.model_dump(mode="json"))])
+        await self.ledger.write([NewEvent.of("inbox.added", session_id, item)])
         await self._supervisor.mailbox.send(WakeSession(session_id))
         return item.id
 
