@@ -77,7 +77,23 @@ class PromptConflict(HarnessError):
 
 
 class Harness:
-    """A handle on a running actor tree. Create it with ``open_harness``."""
+    """A handle on a running actor tree. Create it with ``open_harness``.
+
+    Which calls are coroutines follows one rule, by what the call does:
+
+    - A plain method reads rows the ledger keeps ready (``session``, ``sessions``,
+      ``todos``, ``session_tree``): one indexed query on the read connection, answered
+      at once, so it never waits and may be called from synchronous code too.
+    - A coroutine is everything else: a call that writes to the ledger (``prompt``,
+      ``create_session``, ``revert``…), asks an actor and waits for its answer
+      (``cancel``, ``pending_permissions``, ``reply_permission``…), waits for events
+      (``run``, ``subscribe``, ``follow``), or reads an amount that grows with the work
+      done: ``messages`` assembles the whole transcript and ``diff`` reads the
+      workspace's files, so either may later move off the event loop without its
+      callers changing.
+
+    A new method picks its kind by the same rule.
+    """
 
     def __init__(
         self,
