@@ -82,7 +82,7 @@ class Harness:
     Which calls are coroutines follows one rule, by what the call does:
 
     - A plain method reads rows the ledger keeps ready (``session``, ``sessions``,
-      ``todos``, ``session_tree``): one indexed query on the read connection, answered
+      ``todos``, ``session_tree``): indexed queries on the read connection, answered
       at once, so it never waits and may be called from synchronous code too.
     - A coroutine is everything else: a call that writes to the ledger (``prompt``,
       ``create_session``, ``revert``…), asks an actor and waits for its answer
