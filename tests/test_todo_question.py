@@ -404,7 +404,7 @@ def test_typed_answers_are_shaped_per_question() -> None:
 
 
 def _env(tmp_path: Path, socket: Path | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
+    env = dict(os.environ)
     env.pop("MISTRAL_API_KEY", None)
     env["HARNESS_HOME"] = str(tmp_path / "home")
     env["HARNESS_SOCKET"] = str(socket or tmp_path / "no-daemon.sock")
