@@ -28,6 +28,8 @@ from harness.runtime import Harness, open_harness
 from harness.tools.base import ToolContext
 
 Turns = list[dict[str, Any]]
+ToolParts = Callable[[Harness, str], list[ToolPart]]
+ToolContextFactory = Callable[..., ToolContext]
 
 
 @pytest.fixture(autouse=True)
@@ -92,13 +94,13 @@ def _tool_parts(h: Harness, session_id: str) -> list[ToolPart]:
 
 
 @pytest.fixture
-def tool_parts() -> Callable[[Harness, str], list[ToolPart]]:
+def tool_parts() -> ToolParts:
     """``tool_parts(h, session_id)``: the session's tool parts, in order, as stored."""
     return _tool_parts
 
 
 @pytest.fixture
-def tool_context(tmp_path: Path) -> Callable[..., ToolContext]:
+def tool_context(tmp_path: Path) -> ToolContextFactory:
     """``tool_context(directory, **fields)``: a tool's context without a session (ids
     ses_x/msg_x/cal_x, saved outputs under ``tmp_path/out``); ``fields`` override."""
 
