@@ -6,6 +6,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import trio
@@ -22,6 +23,9 @@ from harness.tools.threads import run_file_change
 from harness.tools.truncate import truncate_output
 from harness.tools.write import WriteParams, WriteTool
 
+if TYPE_CHECKING:
+    from conftest import ToolContextFactory
+
 
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
@@ -31,12 +35,11 @@ def root(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def ctx(root: Path, tmp_path_factory: pytest.TempPathFactory) -> ToolContext:
-    return ToolContext(
-        session_id="ses_x",
-        message_id="msg_x",
-        call_id="cal_x",
-        directory=root,
+def ctx(
+    root: Path, tmp_path_factory: pytest.TempPathFactory, tool_context: ToolContextFactory
+) -> ToolContext:
+    return tool_context(
+        root,
         output_dir=tmp_path_factory.mktemp("tool-output"),
         # The gate's answer under the default rules, as the executor gives it.
         check=lambda permission, pattern: decide(permission, pattern, [DEFAULT_RULES])[0],
