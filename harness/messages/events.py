@@ -20,8 +20,8 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel
 
 # Every event type, in three groups. A new type goes in exactly one of them; a projected
-# one also needs its entry in storage/projections.py's PROJECTIONS (typed by
-# ProjectedType, and tests/test_event_types.py checks that every one has an entry).
+# one also needs its entry in storage/projections.py's PROJECTIONS, and
+# tests/test_event_types.py fails until the two name the same types.
 
 # durable: each one is applied to a projection table (see storage/projections.py)
 ProjectedType = Literal[
