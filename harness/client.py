@@ -1,8 +1,8 @@
 """A client of the daemon, on the standard library only (DESIGN §9).
 
 ``harness sessions`` against a live daemon must start, ask and print in well under
-150 ms, so this module imports nothing beyond ``http.client``, ``json`` and ``socket``:
-no Trio, no httpx, no pydantic.
+150 ms, so this module imports nothing beyond ``http.client``, ``json`` and ``socket`` (and
+the standard-library-only ``harness.messages.errors``): no Trio, no httpx, no pydantic.
 
 ``EventStream`` follows ``GET /v1/events`` and reconnects by itself with
 ``Last-Event-ID`` when the connection drops, stays silent for 45 s (three missed
@@ -21,22 +21,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from harness.messages.errors import ApiError
+
+__all__ = ["ApiError", "Client", "DaemonUnavailable", "EventStream", "WireEvent"]
+
 SILENCE = 45.0  # seconds without a byte (three heartbeats) before reconnecting
 RECONNECT_FOR = 60.0  # seconds of failed reconnects before giving up
 
 
 class DaemonUnavailable(ConnectionError):
     """No daemon answers on the socket."""
-
-
-class ApiError(Exception):
-    """The daemon refused a request: its status, error code and message."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
 
 
 class _UnixConnection(http.client.HTTPConnection):

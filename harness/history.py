@@ -310,10 +310,6 @@ class History:
         parts = self._entries[message_id].parts
         return [parts[k] for k in sorted(parts)]
 
-    def message(self, message_id: str) -> Message | None:
-        entry = self._entries.get(message_id)
-        return entry.message if entry else None
-
     def turn_steps(self, user_message_id: str) -> list[AssistantMessage]:
         """The assistant messages of the turn that a user message started, in order."""
         return [self._step(i) for i in self._steps.get(user_message_id, ())]

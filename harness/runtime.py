@@ -39,7 +39,7 @@ from harness.agents import get_agent
 from harness.config import Config, SocketPathError, default_home
 from harness.logs import configure_logging
 from harness.messages import ids
-from harness.messages.events import Event, NewEvent, TurnResult
+from harness.messages.events import Event, NewEvent, TurnResult, wait_turn_finished
 from harness.messages.mailbox import (
     AnswerQuestion,
     CancelSession,
@@ -49,6 +49,7 @@ from harness.messages.mailbox import (
     RegisterChild,
     ReplyPermission,
     WakeSession,
+    ask,
 )
 from harness.messages.model import Delivery, InboxItem, MessageWithParts, Rule, Session
 from harness.messages.permission import PermissionRequest, Reply
@@ -77,7 +78,23 @@ class PromptConflict(HarnessError):
 
 
 class Harness:
-    """A handle on a running actor tree. Create it with ``open_harness``."""
+    """A handle on a running actor tree. Create it with ``open_harness``.
+
+    Which calls are coroutines follows one rule, by what the call does:
+
+    - A plain method reads rows the ledger keeps ready (``session``, ``sessions``,
+      ``todos``, ``session_tree``): indexed queries on the read connection, answered
+      at once, so it never waits and may be called from synchronous code too.
+    - A coroutine is everything else: a call that writes to the ledger (``prompt``,
+      ``create_session``, ``revert``…), asks an actor and waits for its answer
+      (``cancel``, ``pending_permissions``, ``reply_permission``…), waits for events
+      (``run``, ``subscribe``, ``follow``), or reads an amount that grows with the work
+      done: ``messages`` assembles the whole transcript and ``diff`` reads the
+      workspace's files, so either may later move off the event loop without its
+      callers changing.
+
+    A new method picks its kind by the same rule.
+    """
 
     def __init__(
         self,
@@ -164,9 +181,7 @@ class Harness:
         if base_url is not None:
             changes["base_url"] = base_url
         updated = session.model_copy(update=changes)
-        await self.ledger.write(
-            [NewEvent("session.updated", session_id, updated.model_dump(mode="json"))]
-        )
+        await self.ledger.write([NewEvent.of("session.updated", session_id, updated)])
         log.info("session updated", session_id=session_id, fields=sorted(changes))
         return updated
 
@@ -204,9 +219,7 @@ class Harness:
         async with self.subscribe(session_id) as events:
             if await self.cancel(session_id):
                 with trio.move_on_after(_DELETE_WAIT):
-                    async for event in events:
-                        if event.type == "turn.finished" and event.session_id == session_id:
-                            break
+                    await wait_turn_finished(events, session_id=session_id)
         await self.ledger.write([NewEvent("session.deleted", session_id, {"id": session_id})])
         log.info("session deleted", session_id=session_id, dropped_inputs=len(queued))
 
@@ -279,7 +292,7 @@ class Harness:
             max_steps=max_steps,
             created=time.time(),
         )
-        await self.ledger.write([NewEvent("inbox.added", session_id, item.model_dump(mode="json"))])
+        await self.ledger.write([NewEvent.of("inbox.added", session_id, item)])
         await self._supervisor.mailbox.send(WakeSession(session_id))
         return item.id
 
@@ -287,22 +300,17 @@ class Harness:
         """Prompt, then wait for that turn to end: the answer and the stop reason."""
         async with self.subscribe(session_id) as events:
             sent = await self.prompt(session_id, text, message_id=message_id)
-            async for event in events:
-                if event.type == "turn.finished" and event.data.get("message_id") == sent:
-                    return TurnResult(
-                        sent,
-                        event.data["reason"],
-                        event.data.get("answer", ""),
-                        event.data.get("error"),
-                    )
+            result = await wait_turn_finished(events, message_id=sent)
+            if result is not None:
+                return result
         raise HarnessError("the harness closed before the turn finished")
 
     async def cancel(self, session_id: str) -> bool:
         """Cancel the running turn: its stream, tools and their process groups stop."""
         self.session(session_id)
-        reply_send, reply_receive = trio.open_memory_channel[bool](1)
-        await self._supervisor.mailbox.send(CancelSession(session_id, reply_send))
-        return await reply_receive.receive()
+        return await ask(
+            self._supervisor.mailbox, lambda reply: CancelSession(session_id, reply)
+        )
 
     # --- events -----------------------------------------------------------------------------
 
@@ -350,9 +358,9 @@ class Harness:
     # --- permissions ------------------------------------------------------------------------
 
     async def pending_permissions(self, session_id: str | None = None) -> list[PermissionRequest]:
-        reply_send, reply_receive = trio.open_memory_channel[list[PermissionRequest]](1)
-        await self._permission.mailbox.send(ListPending(session_id, reply_send))
-        return await reply_receive.receive()
+        return await ask(
+            self._permission.mailbox, lambda reply: ListPending(session_id, reply)
+        )
 
     async def reply_permission(
         self,
@@ -367,18 +375,17 @@ class Harness:
         ``no_terminal`` (with ``reject``) says nobody could be asked: the call fails with
         the same words, naming the flag that would allow it, as in a run with no terminal.
         """
-        done_send, done_receive = trio.open_memory_channel[bool](1)
-        await self._permission.mailbox.send(
-            ReplyPermission(request_id, reply, message, done_send, no_terminal)
+        return await ask(
+            self._permission.mailbox,
+            lambda done: ReplyPermission(request_id, reply, message, done, no_terminal),
         )
-        return await done_receive.receive()
 
     # --- questions --------------------------------------------------------------------------
 
     async def pending_questions(self, session_id: str | None = None) -> list[QuestionRequest]:
-        reply_send, reply_receive = trio.open_memory_channel[list[QuestionRequest]](1)
-        await self._question.mailbox.send(ListQuestions(session_id, reply_send))
-        return await reply_receive.receive()
+        return await ask(
+            self._question.mailbox, lambda reply: ListQuestions(session_id, reply)
+        )
 
     async def answer_question(self, request_id: str, answers: Answers) -> bool:
         """Answer a pending question set: one list of labels (or free text) per question.
@@ -399,9 +406,10 @@ class Harness:
     async def _settle_question(
         self, request_id: str, answers: Answers | None, message: str | None
     ) -> bool:
-        done_send, done_receive = trio.open_memory_channel[str | None](1)
-        await self._question.mailbox.send(AnswerQuestion(request_id, answers, message, done_send))
-        problem = await done_receive.receive()
+        problem: str | None = await ask(
+            self._question.mailbox,
+            lambda done: AnswerQuestion(request_id, answers, message, done),
+        )
         if problem == "not_found":
             return False
         if problem is not None:

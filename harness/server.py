@@ -43,6 +43,7 @@ from harness.messages.api import (
     RevertBody,
     UpdateSessionBody,
 )
+from harness.messages.errors import ApiError
 from harness.messages.events import Event
 from harness.providers.errors import ProviderError
 from harness.runtime import Harness, HarnessError, PromptConflict, open_harness
@@ -66,16 +67,6 @@ _SSE_HEADERS = [
 
 class DaemonRunning(RuntimeError):
     """Another daemon answers on the socket path: refuse to start."""
-
-
-class ApiError(Exception):
-    """A request the API refuses: becomes ``{"error": {"code", "message"}}``."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
 
 
 @dataclass(frozen=True, slots=True)

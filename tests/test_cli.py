@@ -22,7 +22,7 @@ def _script(tmp_path: Path, turns: list[dict[str, Any]], name: str = "script.jso
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
+    env = dict(os.environ)
     env.pop("MISTRAL_API_KEY", None)
     env["HARNESS_HOME"] = str(tmp_path / "home")
     return env

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,14 +19,12 @@ from harness.client import Client
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> Iterator[dict[str, str]]:
-    socket_dir = Path(tempfile.mkdtemp(prefix="hc", dir="/tmp"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
+def env(tmp_path: Path, socket_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
     env.pop("MISTRAL_API_KEY", None)
     env["HARNESS_HOME"] = str(tmp_path / "home")
     env["HARNESS_SOCKET"] = str(socket_dir / "h.sock")
-    yield env
-    shutil.rmtree(socket_dir, ignore_errors=True)
+    return env
 
 
 def harness(

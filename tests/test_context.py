@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
-from harness import Config, open_harness
 from harness.context.compaction import COMPACTION_PROMPT, COMPACTION_SYSTEM, SECTIONS
 from harness.history import PRUNED, SUMMARY_HEADER
 from harness.messages.model import AssistantMessage, CompactionPart, ToolPart
 from harness.messages.provider import ProviderRequest, ToolResult, UserTurn
 from harness.providers.scripted import ScriptedProvider
-from harness.runtime import Harness
+
+if TYPE_CHECKING:
+    from conftest import ScriptedHarness
 
 SUMMARY = "\n".join(f"## {section}\nnotes about {section.lower()}" for section in SECTIONS)
 
@@ -25,37 +24,18 @@ def read(path: str, **extra: Any) -> dict[str, Any]:
     return {"tool_calls": [{"name": "read", "arguments": {"path": path}}], **extra}
 
 
-@asynccontextmanager
-async def harness_with(
-    tmp_path: Path, turns: list[dict[str, Any]], **config: Any
-) -> AsyncIterator[tuple[Harness, ScriptedProvider]]:
-    provider = ScriptedProvider.from_turns(
-        turns, subtasks=config.pop("subtasks", None), record=True
-    )
-    factory = config.pop("factory", None)
-    settings: dict[str, Any] = {
-        "home": tmp_path / "home",
-        "model": "scripted:context",
-        "provider_factory": factory or (lambda model: provider),
-        "interactive": False,
-    }
-    settings.update(config)
-    async with open_harness(Config(**settings)) as h:
-        yield h, provider
-
-
 def system_text(request: ProviderRequest) -> str:
     return "\n".join(request.system)
 
 
 async def test_agents_md_and_the_environment_reach_the_request(
-    tmp_path: Path, project: Path
+    tmp_path: Path, project: Path, scripted_harness: ScriptedHarness
 ) -> None:
     (project / "AGENTS.md").write_text("Run tests with `make check`. Never touch vendor/.\n")
     (tmp_path / "home").mkdir()
     (tmp_path / "home" / "AGENTS.md").write_text("The user prefers short answers.\n")
     await trio.run_process(["git", "init", "-q", str(project)])
-    async with harness_with(tmp_path, [{"text": "ok"}]) as (h, provider):
+    async with scripted_harness([{"text": "ok"}]) as (h, provider):
         session = await h.create_session(project)
         await h.run(session.id, "hello")
     [request] = provider.requests
@@ -70,10 +50,10 @@ async def test_agents_md_and_the_environment_reach_the_request(
 
 
 async def test_show_request_publishes_each_block_with_its_source(
-    tmp_path: Path, project: Path
+    tmp_path: Path, project: Path, scripted_harness: ScriptedHarness
 ) -> None:
     (project / "AGENTS.md").write_text("Project rule.\n")
-    async with harness_with(tmp_path, [{"text": "ok"}], show_request=True) as (h, _):
+    async with scripted_harness([{"text": "ok"}], show_request=True) as (h, _):
         session = await h.create_session(project)
         async with h.subscribe(session.id) as events:
             await h.prompt(session.id, "hello")
@@ -88,7 +68,7 @@ async def test_show_request_publishes_each_block_with_its_source(
 
 
 async def test_crossing_the_window_compacts_once_and_continues(
-    tmp_path: Path, project: Path
+    tmp_path: Path, project: Path, scripted_harness: ScriptedHarness
 ) -> None:
     for name in ("a.txt", "b.txt"):
         (project / name).write_text(f"contents of {name}\n" * 60)
@@ -99,7 +79,7 @@ async def test_crossing_the_window_compacts_once_and_continues(
         {"text": "finished after the summary", "usage": {"input": 900, "output": 10}},
     ]
     config = {"model_limits": {"scripted": (20_000, 1_000)}, "compaction_keep_tokens": 300}
-    async with harness_with(tmp_path, turns, **config) as (h, provider):
+    async with scripted_harness(turns, **config) as (h, provider):
         session = await h.create_session(project)
         result = await h.run(session.id, "read both files")
         transcript = h.ledger.messages(session.id)
@@ -124,7 +104,7 @@ async def test_crossing_the_window_compacts_once_and_continues(
 
 
 async def test_a_provider_overflow_error_compacts_and_retries(
-    tmp_path: Path, project: Path
+    tmp_path: Path, project: Path, scripted_harness: ScriptedHarness
 ) -> None:
     (project / "a.txt").write_text("alpha\n" * 50)
     turns = [
@@ -135,7 +115,7 @@ async def test_a_provider_overflow_error_compacts_and_retries(
         },
         {"text": "answered after the retry"},
     ]
-    async with harness_with(tmp_path, turns, compaction_keep_tokens=50) as (h, provider):
+    async with scripted_harness(turns, compaction_keep_tokens=50) as (h, provider):
         session = await h.create_session(project)
         result = await h.run(session.id, "go")
     assert (result.reason, result.answer) == ("answered", "answered after the retry")
@@ -147,12 +127,12 @@ async def test_a_provider_overflow_error_compacts_and_retries(
 
 
 async def test_a_compaction_that_does_not_shrink_stops_with_a_reason(
-    tmp_path: Path, project: Path
+    tmp_path: Path, project: Path, scripted_harness: ScriptedHarness
 ) -> None:
     (project / "big.txt").write_text("0123456789abcdef\n" * 2_800)  # ~48 KB: one huge result
     turns = [read("big.txt"), {"text": SUMMARY}, {"text": "never"}]
     config = {"model_limits": {"scripted": (12_000, 1_000)}}
-    async with harness_with(tmp_path, turns, **config) as (h, provider):
+    async with scripted_harness(turns, **config) as (h, provider):
         session = await h.create_session(project)
         with trio.fail_after(5):
             result = await h.run(session.id, "read it")
@@ -162,12 +142,12 @@ async def test_a_compaction_that_does_not_shrink_stops_with_a_reason(
 
 
 async def test_old_tool_outputs_are_pruned_from_the_view_but_kept_in_the_ledger(
-    tmp_path: Path, project: Path
+    tmp_path: Path, project: Path, scripted_harness: ScriptedHarness
 ) -> None:
     for index in range(3):
         (project / f"f{index}.txt").write_text(f"file {index} line\n" * 120)  # ~600 tokens
     turns = [read("f0.txt"), read("f1.txt"), read("f2.txt"), {"text": "done"}]
-    async with harness_with(tmp_path, turns, prune_protect_tokens=700) as (h, provider):
+    async with scripted_harness(turns, prune_protect_tokens=700) as (h, provider):
         session = await h.create_session(project)
         await h.run(session.id, "read three files")
         transcript = h.ledger.messages(session.id)
@@ -179,7 +159,7 @@ async def test_old_tool_outputs_are_pruned_from_the_view_but_kept_in_the_ledger(
 
 
 async def test_a_budget_stops_the_whole_tree_with_reason_budget(
-    tmp_path: Path, project: Path
+    tmp_path: Path, project: Path, scripted_harness: ScriptedHarness
 ) -> None:
     (project / "n.txt").write_text("note\n")
     task = {"name": "task", "arguments": {"description": "sub", "prompt": "spend"}}
@@ -197,7 +177,7 @@ async def test_a_budget_stops_the_whole_tree_with_reason_budget(
             {"text": "child wraps up", "usage": {"input": 1, "output": 1}},
         ]
     }
-    async with harness_with(tmp_path, turns, subtasks=subtasks, budget_tokens=50) as (
+    async with scripted_harness(turns, subtasks, budget_tokens=50) as (
         h,
         provider,
     ):
@@ -215,14 +195,18 @@ async def test_a_budget_stops_the_whole_tree_with_reason_budget(
     assert len(finals) == 2 and all(r.tools == () for r in finals)
 
 
-async def test_the_title_model_never_delays_the_first_answer(tmp_path: Path, project: Path) -> None:
+async def test_the_title_model_never_delays_the_first_answer(
+    tmp_path: Path, project: Path, scripted_harness: ScriptedHarness
+) -> None:
     slow_title = ScriptedProvider.from_turns([{"delay": 2, "text": "Un titre tardif"}])
     answer = ScriptedProvider.from_turns([{"text": "quick answer"}])
 
     def factory(model: str) -> ScriptedProvider:
         return slow_title if model == "scripted:title" else answer
 
-    async with harness_with(tmp_path, [], factory=factory, title_model="scripted:title") as (h, _):
+    async with scripted_harness(
+        [], provider_factory=factory, title_model="scripted:title"
+    ) as (h, _):
         session = await h.create_session(project)
         started = time.monotonic()
         result = await h.run(session.id, "Corrige le test qui échoue dans le parseur")

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import stat
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -27,14 +25,6 @@ from harness import server
 from harness.client import ApiError, Client, EventStream
 from harness.config import Config
 from harness.runtime import Harness
-
-
-@pytest.fixture
-def socket_dir() -> Iterator[Path]:
-    # pytest's tmp_path can be longer than a socket path may be (107 bytes).
-    path = Path(tempfile.mkdtemp(prefix="hd", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @dataclass

@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import socket
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +20,6 @@ from test_daemon import Daemon, _config, raw, sse, until_finished
 from harness import server
 from harness.client import ApiError, Client
 from harness.messages import api
-
-
-@pytest.fixture
-def socket_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="ha", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
 
 FAST = server.Limits(header_timeout=0.5, body_timeout=0.5, idle_timeout=0.5, max_connections=6)
 
@@ -336,7 +325,7 @@ def test_a_session_bash_runs_while_the_daemon_is_at_its_cap(
 
     import test_client
 
-    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("HARNESS_")}
+    env = dict(__import__("os").environ)
     env["HARNESS_HOME"] = str(tmp_path / "home")
     env["HARNESS_SOCKET"] = str(socket_dir / "s.sock")
     script = tmp_path / "s.json"

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -350,13 +348,11 @@ async def test_a_turn_resumed_too_often_fails_with_a_clear_reason(
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> Iterator[dict[str, str]]:
-    socket_dir = Path(tempfile.mkdtemp(prefix="hd", dir="/tmp"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
+def env(tmp_path: Path, socket_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
     env["HARNESS_HOME"] = str(tmp_path / "home")
     env["HARNESS_SOCKET"] = str(socket_dir / "h.sock")
-    yield env
-    shutil.rmtree(socket_dir, ignore_errors=True)
+    return env
 
 
 def start_daemon(env: dict[str, str], log: Path, *extra: str) -> subprocess.Popen[bytes]:

@@ -47,7 +47,7 @@ async def test_cli_run_against_a_mistral_wire_server(tmp_path: Path, project: Pa
     async with wire_server(_read_call("AbC123xYz", "package.json"), _answer("It uses pnpm.")) as (
         server
     ):
-        env = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
+        env = dict(os.environ)
         env |= {"HARNESS_HOME": str(tmp_path / "home"), "MISTRAL_API_KEY": "test-key"}
         result = await trio.run_process(
             [

@@ -21,7 +21,7 @@ def mode(path: Path) -> int:
 
 
 def _env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
+    env = dict(os.environ)
     return env | {"HARNESS_HOME": str(home)}
 
 

@@ -159,7 +159,7 @@ def test_writing_inside_a_git_directory_needs_git_internal(tmp_path: Path) -> No
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HARNESS_", "GIT_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     env.pop("MISTRAL_API_KEY", None)
     env["HARNESS_HOME"] = str(tmp_path / "home")
     return env

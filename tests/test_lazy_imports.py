@@ -37,7 +37,7 @@ print(json.dumps({"code": code, "loaded": [m for m in watched if m in sys.module
 
 
 def _imports(tmp_path: Path, *args: str, watched: tuple[str, ...] = PROVIDER_MODULES) -> list[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
+    env = dict(os.environ)
     env |= {"HARNESS_HOME": str(tmp_path / "home"), "HARNESS_SOCKET": str(tmp_path / "no.sock")}
     result = subprocess.run(
         [sys.executable, "-c", _PROBE, json.dumps(list(watched)), *args],

@@ -42,7 +42,7 @@ def _answer(text: str) -> Reply:
 
 
 def _env(home: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
+    env = dict(os.environ)
     env.pop("MISTRAL_API_KEY", None)
     env.pop("OPENAI_API_KEY", None)
     return env | {"HARNESS_HOME": str(home)} | extra

@@ -548,7 +548,7 @@ async def test_no_event_when_the_sandbox_works_or_is_off(
 
 
 def cli(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
+    base = dict(os.environ)
     base.pop("MISTRAL_API_KEY", None)
     base["HARNESS_HOME"] = str(tmp_path / "home")
     return subprocess.run(
@@ -586,7 +586,7 @@ def test_serve_logs_an_unavailable_sandbox_and_run_through_it_says_so(
     socket_dir = Path(tempfile.mkdtemp(prefix="hs", dir="/tmp"))
     empty = tmp_path / "empty-path"
     empty.mkdir()
-    base = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
+    base = dict(os.environ)
     env = {
         **base,
         "PATH": str(empty),
@@ -636,7 +636,7 @@ def test_a_sandboxed_command_dies_with_a_killed_harness(
     script = tmp_path / "sleep.json"
     call = {"name": "bash", "arguments": {"command": f"sleep {marker}"}}
     script.write_text(json.dumps([{"tool_calls": [call]}, {"text": "never"}]))
-    base = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
+    base = dict(os.environ)
     run = subprocess.Popen(
         [
             *(sys.executable, "-m", "harness", "run", "--embedded", "--allow", "bash"),
@@ -684,7 +684,7 @@ def test_run_through_a_daemon_only_when_its_sandbox_is_the_one_asked_for(
 
     socket_dir = Path(tempfile.mkdtemp(prefix="hs", dir="/tmp"))
     env = {"HARNESS_SOCKET": str(socket_dir / "h.sock")}
-    base = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
+    base = dict(os.environ)
     with (tmp_path / "daemon.log").open("wb") as log:
         daemon = subprocess.Popen(
             [sys.executable, "-m", "harness", "serve"],

@@ -16,7 +16,7 @@ import shutil
 import string
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
@@ -27,6 +27,9 @@ from harness.tools import ripgrep
 from harness.tools.base import ToolContext
 from harness.tools.glob import GlobParams, GlobTool, list_tree, walk_files
 from harness.tools.grep import GrepParams, GrepTool
+
+if TYPE_CHECKING:
+    from conftest import ToolContextFactory
 
 needs_rg = pytest.mark.skipif(shutil.which("rg") is None, reason="ripgrep is not installed")
 ENGINES = ["python", pytest.param("ripgrep", marks=needs_rg)]
@@ -92,12 +95,9 @@ def tree(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def ctx(tree: Path, tmp_path: Path) -> ToolContext:
-    return ToolContext(
-        session_id="ses_x",
-        message_id="msg_x",
-        call_id="cal_x",
-        directory=tree,
+def ctx(tree: Path, tmp_path: Path, tool_context: ToolContextFactory) -> ToolContext:
+    return tool_context(
+        tree,
         output_dir=tmp_path / "tool-output",
         check=lambda permission, pattern: decide(permission, pattern, [DEFAULT_RULES])[0],
     )

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -14,6 +12,9 @@ from harness.messages.model import Rule, ToolPart
 from harness.permissions.ruleset import parse_rule_flag
 from harness.providers.scripted import ScriptedProvider
 from harness.runtime import Harness
+
+if TYPE_CHECKING:
+    from conftest import ScriptedHarness, ToolParts
 
 PASSWD = "root:x:0:0:root:/root:/bin/bash"
 TOKEN = "TOKEN=tok-7c1e9a55d2b4f0"
@@ -42,25 +43,6 @@ def _grep(pattern: str, **extra: Any) -> dict[str, Any]:
     return {"name": "grep", "arguments": {"pattern": pattern, **extra}}
 
 
-@asynccontextmanager
-async def _harness(
-    tmp_path: Path,
-    turns: list[dict[str, Any]],
-    rules: list[Rule],
-    subtasks: dict[str, list[dict[str, Any]]] | None = None,
-) -> AsyncIterator[Harness]:
-    provider = ScriptedProvider.from_turns(turns, subtasks=subtasks)
-    config = Config(
-        home=tmp_path / "home",
-        model="scripted:x",
-        provider_factory=lambda model: provider,
-        interactive=False,
-        rules=rules,
-    )
-    async with open_harness(config) as h:
-        yield h
-
-
 def _outputs(h: Harness, session_id: str) -> list[str]:
     parts = [p for m in h.ledger.messages(session_id) for p in m.parts if isinstance(p, ToolPart)]
     outputs = []
@@ -82,12 +64,12 @@ ALLOW = [
 
 @pytest.mark.parametrize("rules", [DENY, []], ids=["denied", "defaults"])
 async def test_grep_skips_what_read_may_not_open(
-    tmp_path: Path, rules: list[Rule]
+    tmp_path: Path, rules: list[Rule], scripted_harness: ScriptedHarness
 ) -> None:
     work = _workspace(tmp_path)
     skipped = 4 if (work / "etc-link").exists() else 3  # 2 links out, .env and sub/prod.env
     turns = [{"tool_calls": [_grep("root:"), _grep("TOKEN")]}, {"text": "done"}]
-    async with _harness(tmp_path, turns, rules) as h:
+    async with scripted_harness(turns, rules=rules) as (h, _):
         session = await h.create_session(work)
         result = await h.run(session.id, "find secrets")
         assert result.reason == "answered"
@@ -98,15 +80,15 @@ async def test_grep_skips_what_read_may_not_open(
 
 
 @pytest.mark.parametrize("rules", [DENY, []], ids=["denied", "defaults"])
-async def test_grep_of_one_named_file_needs_read_on_it(tmp_path: Path, rules: list[Rule]) -> None:
+async def test_grep_of_one_named_file_needs_read_on_it(
+    tmp_path: Path, rules: list[Rule], scripted_harness: ScriptedHarness, tool_parts: ToolParts
+) -> None:
     work = _workspace(tmp_path)
     turns = [{"tool_calls": [_grep("TOKEN", path=".env")]}, {"text": "done"}]
-    async with _harness(tmp_path, turns, rules) as h:
+    async with scripted_harness(turns, rules=rules) as (h, _):
         session = await h.create_session(work)
         result = await h.run(session.id, "find secrets")
-        parts = [
-            p for m in h.ledger.messages(session.id) for p in m.parts if isinstance(p, ToolPart)
-        ]
+        parts = tool_parts(h, session.id)
     assert result.reason == "denied"  # asked like read (rejected: no terminal) or denied
     (state,) = (p.state for p in parts)
     assert state.status == "error" and "read" in state.error
@@ -146,10 +128,12 @@ async def test_a_search_the_user_approved_may_open_what_it_was_approved_for(
     assert "(1 file skipped: not allowed by the read rules)" in output
 
 
-async def test_the_same_files_are_found_when_the_rules_allow_them(tmp_path: Path) -> None:
+async def test_the_same_files_are_found_when_the_rules_allow_them(
+    tmp_path: Path, scripted_harness: ScriptedHarness
+) -> None:
     work = _workspace(tmp_path)
     turns = [{"tool_calls": [_grep("root:"), _grep("TOKEN")]}, {"text": "done"}]
-    async with _harness(tmp_path, turns, ALLOW) as h:
+    async with scripted_harness(turns, rules=ALLOW) as (h, _):
         session = await h.create_session(work)
         await h.run(session.id, "find")
         root, token = _outputs(h, session.id)
@@ -157,14 +141,16 @@ async def test_the_same_files_are_found_when_the_rules_allow_them(tmp_path: Path
     assert ".env:" in token and "sub/prod.env:" in token and "tok-7c1e9a55d2b4f0" in token
 
 
-async def test_a_task_child_is_held_to_the_parents_rules(tmp_path: Path) -> None:
+async def test_a_task_child_is_held_to_the_parents_rules(
+    tmp_path: Path, scripted_harness: ScriptedHarness
+) -> None:
     work = _workspace(tmp_path)
     turns = [
         {"tool_calls": [{"name": "task", "arguments": {"description": "d", "prompt": "dig"}}]},
         {"text": "parent done"},
     ]
     subtasks = {"dig": [{"tool_calls": [_grep("root:"), _grep("TOKEN")]}, {"text": "dug"}]}
-    async with _harness(tmp_path, turns, DENY, subtasks) as h:
+    async with scripted_harness(turns, subtasks, rules=DENY) as (h, _):
         session = await h.create_session(work)
         result = await h.run(session.id, "delegate")
         assert result.reason == "answered"
@@ -174,7 +160,9 @@ async def test_a_task_child_is_held_to_the_parents_rules(tmp_path: Path) -> None
     assert "notes.txt" in token and "tok-7c1e9a55d2b4f0" not in token
 
 
-async def test_glob_and_list_never_follow_a_link_out_of_the_workspace(tmp_path: Path) -> None:
+async def test_glob_and_list_never_follow_a_link_out_of_the_workspace(
+    tmp_path: Path, scripted_harness: ScriptedHarness, tool_parts: ToolParts
+) -> None:
     work = _workspace(tmp_path)
     turns = [
         {
@@ -186,12 +174,10 @@ async def test_glob_and_list_never_follow_a_link_out_of_the_workspace(tmp_path: 
         },
         {"text": "done"},
     ]
-    async with _harness(tmp_path, turns, DENY) as h:
+    async with scripted_harness(turns, rules=DENY) as (h, _):
         session = await h.create_session(work)
         await h.run(session.id, "look")
-        parts = [
-            p for m in h.ledger.messages(session.id) for p in m.parts if isinstance(p, ToolPart)
-        ]
+        parts = tool_parts(h, session.id)
     glob, listing, into_link = (p.state for p in parts)
     assert glob.status == "completed" and listing.status == "completed"
     # Names inside the workspace are listed; nothing behind the directory link is.

@@ -141,7 +141,7 @@ def _project(tmp_path: Path) -> Path:
 
 
 def _env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HARNESS_", "GIT_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     env.pop("OPENAI_API_KEY", None)
     return env | {"HARNESS_HOME": str(home), "MISTRAL_API_KEY": KEY, "HARNESS_LOG_LEVEL": "debug"}
 

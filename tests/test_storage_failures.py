@@ -27,7 +27,7 @@ import pytest
 
 
 def _env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
+    env = dict(os.environ)
     env["HARNESS_HOME"] = str(home)
     env["HARNESS_SOCKET"] = f"/tmp/hs-{uuid.uuid4().hex[:12]}.sock"  # no daemon answers here
     return env

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 from procs import alive_with
 
-from harness import Config, open_harness
-from harness.messages.model import Rule, SubtaskPart, ToolPart
+from harness.messages.model import Rule, SubtaskPart
 from harness.permissions.ruleset import decide
-from harness.providers.scripted import ScriptedProvider
-from harness.runtime import Harness
+
+if TYPE_CHECKING:
+    from conftest import ScriptedHarness, ToolParts
 
 
 def task(description: str, prompt: str, call_id: str, **extra: Any) -> dict[str, Any]:
@@ -26,32 +24,8 @@ def task(description: str, prompt: str, call_id: str, **extra: Any) -> dict[str,
     }
 
 
-@asynccontextmanager
-async def tree(
-    tmp_path: Path,
-    turns: list[dict[str, Any]],
-    subtasks: dict[str, list[dict[str, Any]]],
-    **config: Any,
-) -> AsyncIterator[tuple[Harness, ScriptedProvider]]:
-    provider = ScriptedProvider.from_turns(turns, subtasks=subtasks, record=True)
-    settings: dict[str, Any] = {
-        "home": tmp_path / "home",
-        "model": "scripted:tree",
-        "provider_factory": lambda model: provider,
-        "interactive": False,
-        "log_file": tmp_path / "home" / "logs" / "test.jsonl",
-    }
-    settings.update(config)
-    async with open_harness(Config(**settings)) as h:
-        yield h, provider
-
-
-def tool_parts(h: Harness, session_id: str) -> list[ToolPart]:
-    return [p for m in h.ledger.messages(session_id) for p in m.parts if isinstance(p, ToolPart)]
-
-
 async def test_parallel_tasks_return_each_answer_bound_to_its_call(
-    tmp_path: Path, project: Path
+    tmp_path: Path, project: Path, scripted_harness: ScriptedHarness, tool_parts: ToolParts
 ) -> None:
     turns = [
         {
@@ -69,7 +43,7 @@ async def test_parallel_tasks_return_each_answer_bound_to_its_call(
         ],
         "say two": [{"delay": 0.05, "text": "two"}],
     }
-    async with tree(tmp_path, turns, subtasks) as (h, provider):
+    async with scripted_harness(turns, subtasks) as (h, provider):
         session = await h.create_session(project)
         result = await h.run(session.id, "split the work")
         assert (result.reason, result.answer) == ("answered", "both done")
@@ -95,7 +69,7 @@ async def test_parallel_tasks_return_each_answer_bound_to_its_call(
 
 
 async def test_cancelling_the_parent_stops_the_child_and_its_processes(
-    tmp_path: Path, project: Path
+    tmp_path: Path, project: Path, scripted_harness: ScriptedHarness, tool_parts: ToolParts
 ) -> None:
     marker = "sleep 300.6161"
     turns = [{"tool_calls": [task("slow", "run the slow thing", "callSlow1")]}, {"text": "x"}]
@@ -106,7 +80,7 @@ async def test_cancelling_the_parent_stops_the_child_and_its_processes(
         ]
     }
     rules = [Rule(permission="bash", pattern="*", action="allow")]
-    async with tree(tmp_path, turns, subtasks, rules=rules) as (h, _):
+    async with scripted_harness(turns, subtasks, rules=rules) as (h, _):
         session = await h.create_session(project)
         async with trio.open_nursery() as nursery:
             results: list[Any] = []
@@ -136,7 +110,7 @@ async def test_cancelling_the_parent_stops_the_child_and_its_processes(
 
 
 async def test_a_child_is_never_allowed_what_the_parent_is_denied(
-    tmp_path: Path, project: Path
+    tmp_path: Path, project: Path, scripted_harness: ScriptedHarness, tool_parts: ToolParts
 ) -> None:
     (project / ".env").write_text("TOKEN=secret-value-42\n")
     turns = [{"tool_calls": [task("peek", "read the env file", "callEnv1")]}, {"text": "ok"}]
@@ -148,7 +122,7 @@ async def test_a_child_is_never_allowed_what_the_parent_is_denied(
     }
     # Config allows reading .env everywhere; the parent session itself denies it.
     rules = [Rule(permission="read", pattern="*.env", action="allow")]
-    async with tree(tmp_path, turns, subtasks, rules=rules) as (h, provider):
+    async with scripted_harness(turns, subtasks, rules=rules) as (h, provider):
         session = await h.create_session(
             project, permission=[Rule(permission="read", pattern="*.env", action="deny")]
         )
@@ -162,7 +136,7 @@ async def test_a_child_is_never_allowed_what_the_parent_is_denied(
 
 
 async def test_a_childs_ask_without_a_terminal_is_rejected_at_once(
-    tmp_path: Path, project: Path
+    tmp_path: Path, project: Path, scripted_harness: ScriptedHarness, tool_parts: ToolParts
 ) -> None:
     turns = [{"tool_calls": [task("touch", "make a file", "callAsk1")]}, {"text": "ok"}]
     subtasks = {
@@ -171,7 +145,7 @@ async def test_a_childs_ask_without_a_terminal_is_rejected_at_once(
             {"text": "unreachable"},
         ]
     }
-    async with tree(tmp_path, turns, subtasks) as (h, _):
+    async with scripted_harness(turns, subtasks) as (h, _):
         session = await h.create_session(project)
         with trio.fail_after(5):
             await h.run(session.id, "go")
@@ -183,7 +157,7 @@ async def test_a_childs_ask_without_a_terminal_is_rejected_at_once(
 
 
 async def test_depth_beyond_the_limit_is_an_error_the_model_sees(
-    tmp_path: Path, project: Path
+    tmp_path: Path, project: Path, scripted_harness: ScriptedHarness, tool_parts: ToolParts
 ) -> None:
     turns = [{"tool_calls": [task("level one", "go deeper", "callDeep1")]}, {"text": "done"}]
     subtasks = {
@@ -193,7 +167,7 @@ async def test_depth_beyond_the_limit_is_an_error_the_model_sees(
         ],
         "deepest": [{"text": "unreachable"}],
     }
-    async with tree(tmp_path, turns, subtasks, max_task_depth=1) as (h, _):
+    async with scripted_harness(turns, subtasks, max_task_depth=1) as (h, _):
         session = await h.create_session(project)
         result = await h.run(session.id, "go")
         assert result.answer == "done"
@@ -219,10 +193,12 @@ def test_an_always_approval_never_overrides_a_deny() -> None:
     assert decide("read", "/p/a.py", [child, parent])[0] == "ask"
 
 
-async def test_the_log_alone_rebuilds_the_session_tree(tmp_path: Path, project: Path) -> None:
+async def test_the_log_alone_rebuilds_the_session_tree(
+    tmp_path: Path, project: Path, scripted_harness: ScriptedHarness
+) -> None:
     turns = [{"tool_calls": [task("sub", "do the sub thing", "callLog1")]}, {"text": "done"}]
     subtasks = {"do the sub thing": [{"text": "sub done"}]}
-    async with tree(tmp_path, turns, subtasks) as (h, _):
+    async with scripted_harness(turns, subtasks) as (h, _):
         session = await h.create_session(project)
         await h.run(session.id, "go")
         [child] = h.ledger.children(session.id)
@@ -242,7 +218,7 @@ async def test_the_log_alone_rebuilds_the_session_tree(tmp_path: Path, project: 
 
 
 async def test_trace_shows_children_under_the_task_call_that_ran_them(
-    tmp_path: Path, project: Path
+    tmp_path: Path, project: Path, scripted_harness: ScriptedHarness
 ) -> None:
     from harness.trace import build_trace, render_trace
 
@@ -256,7 +232,7 @@ async def test_trace_shows_children_under_the_task_call_that_ran_them(
             {"text": "notes.txt"},
         ]
     }
-    async with tree(tmp_path, turns, subtasks) as (h, _):
+    async with scripted_harness(turns, subtasks) as (h, _):
         session = await h.create_session(project, title="refactor")
         await h.run(session.id, "go")
         data = build_trace(h.ledger, session.id)

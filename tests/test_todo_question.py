@@ -10,17 +10,14 @@ from __future__ import annotations
 import json
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
@@ -31,9 +28,11 @@ from harness.commands.display import shape_answers
 from harness.config import Config
 from harness.messages.events import Event
 from harness.messages.model import ToolCompleted, ToolError, ToolPart
-from harness.providers.scripted import ScriptedProvider
-from harness.runtime import Harness, HarnessError, open_harness
+from harness.runtime import Harness, HarnessError
 from harness.storage.ledger import Ledger
+
+if TYPE_CHECKING:
+    from conftest import ScriptedHarness, ToolParts
 
 DEADLINE = 20.0  # seconds: a guard against a hung process; every step takes far less
 
@@ -70,30 +69,6 @@ def ask(questions: list[dict[str, Any]] = QUESTIONS, call_id: str = "askUser01")
     }
 
 
-@asynccontextmanager
-async def harness_with(
-    tmp_path: Path,
-    turns: list[dict[str, Any]],
-    subtasks: dict[str, list[dict[str, Any]]] | None = None,
-    **config: Any,
-) -> AsyncIterator[tuple[Harness, ScriptedProvider]]:
-    provider = ScriptedProvider.from_turns(turns, subtasks=subtasks or {}, record=True)
-    settings: dict[str, Any] = {
-        "home": tmp_path / "home",
-        "model": "scripted:test",
-        "provider_factory": lambda model: provider,
-        "interactive": False,
-        "log_file": tmp_path / "home" / "logs" / "test.jsonl",
-    }
-    settings.update(config)
-    async with open_harness(Config(**settings)) as h:
-        yield h, provider
-
-
-def tool_parts(h: Harness, session_id: str) -> list[ToolPart]:
-    return [p for m in h.ledger.messages(session_id) for p in m.parts if isinstance(p, ToolPart)]
-
-
 def durable(h: Harness, session_id: str, kind: str) -> list[Event]:
     events = h.ledger.events_after(0, session_ids=[session_id], limit=100_000)
     return [e for e in events if e.type == kind]
@@ -107,13 +82,15 @@ async def test_todos_round_trip_through_the_model_and_the_ledger(
     project: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
+    scripted_harness: ScriptedHarness,
+    tool_parts: ToolParts,
 ) -> None:
     turns = [
         {"tool_calls": [{"name": "todowrite", "arguments": {"todos": TODOS}, "id": "writeTd1"}]},
         {"tool_calls": [{"name": "todoread", "arguments": {}, "id": "readTodo1"}]},
         {"text": "on it"},
     ]
-    async with harness_with(tmp_path, turns) as (h, provider):
+    async with scripted_harness(turns) as (h, provider):
         session = await h.create_session(project)
         async with h.subscribe(session.id) as events:
             result = await h.run(session.id, "plan the fix")
@@ -157,7 +134,9 @@ async def _drain(events: trio.MemoryReceiveChannel[Event]) -> AsyncIterator[Even
             return
 
 
-async def test_a_child_session_has_its_own_todo_list(tmp_path: Path, project: Path) -> None:
+async def test_a_child_session_has_its_own_todo_list(
+    tmp_path: Path, project: Path, scripted_harness: ScriptedHarness
+) -> None:
     mine = [{"content": "delegate the search", "status": "in_progress", "priority": "low"}]
     theirs = [{"content": "grep for callers", "status": "completed", "priority": "high"}]
     turns = [
@@ -183,7 +162,7 @@ async def test_a_child_session_has_its_own_todo_list(tmp_path: Path, project: Pa
             {"text": "found two"},
         ]
     }
-    async with harness_with(tmp_path, turns, subtasks) as (h, _):
+    async with scripted_harness(turns, subtasks) as (h, _):
         session = await h.create_session(project)
         result = await h.run(session.id, "go")
         assert result.reason == "answered"
@@ -192,13 +171,15 @@ async def test_a_child_session_has_its_own_todo_list(tmp_path: Path, project: Pa
         assert [t.model_dump() for t in h.todos(child.id)] == theirs
 
 
-async def test_a_general_subagent_has_no_todowrite(tmp_path: Path, project: Path) -> None:
+async def test_a_general_subagent_has_no_todowrite(
+    tmp_path: Path, project: Path, scripted_harness: ScriptedHarness
+) -> None:
     turns = [
         {"tool_calls": [{"name": "task", "arguments": {"description": "d", "prompt": "sub"}}]},
         {"text": "done"},
     ]
     subtasks = {"sub": [{"text": "ok"}]}
-    async with harness_with(tmp_path, turns, subtasks) as (h, provider):
+    async with scripted_harness(turns, subtasks) as (h, provider):
         session = await h.create_session(project)
         assert (await h.run(session.id, "go")).reason == "answered"
         offered = [{spec.name for spec in request.tools} for request in provider.requests]
@@ -206,13 +187,15 @@ async def test_a_general_subagent_has_no_todowrite(tmp_path: Path, project: Path
         assert any("todowrite" not in names and "todoread" in names for names in offered)
 
 
-async def test_a_bad_todo_is_an_error_the_model_sees(tmp_path: Path, project: Path) -> None:
+async def test_a_bad_todo_is_an_error_the_model_sees(
+    tmp_path: Path, project: Path, scripted_harness: ScriptedHarness, tool_parts: ToolParts
+) -> None:
     bad = [{"content": "x", "status": "done", "priority": "high"}]
     turns = [
         {"tool_calls": [{"name": "todowrite", "arguments": {"todos": bad}}]},
         {"text": "fixed"},
     ]
-    async with harness_with(tmp_path, turns) as (h, _):
+    async with scripted_harness(turns) as (h, _):
         session = await h.create_session(project)
         assert (await h.run(session.id, "go")).reason == "answered"
         (part,) = tool_parts(h, session.id)
@@ -233,9 +216,9 @@ async def _first(events: trio.MemoryReceiveChannel[Event], kind: str) -> Event:
 
 
 async def test_a_question_with_no_terminal_fails_at_once_and_the_turn_goes_on(
-    tmp_path: Path, project: Path
+    tmp_path: Path, project: Path, scripted_harness: ScriptedHarness, tool_parts: ToolParts
 ) -> None:
-    async with harness_with(tmp_path, [ask(), {"text": "assumed Postgres"}]) as (h, _):
+    async with scripted_harness([ask(), {"text": "assumed Postgres"}]) as (h, _):
         session = await h.create_session(project)
         with trio.fail_after(5):
             result = await h.run(session.id, "set up a DB")
@@ -247,9 +230,11 @@ async def test_a_question_with_no_terminal_fails_at_once_and_the_turn_goes_on(
         assert await h.pending_questions() == []
 
 
-async def test_answers_come_back_as_the_tool_result(tmp_path: Path, project: Path) -> None:
+async def test_answers_come_back_as_the_tool_result(
+    tmp_path: Path, project: Path, scripted_harness: ScriptedHarness, tool_parts: ToolParts
+) -> None:
     turns = [ask(), {"text": "SQLite it is"}]
-    async with harness_with(tmp_path, turns, interactive=True) as (h, _):
+    async with scripted_harness(turns, interactive=True) as (h, _):
         session = await h.create_session(project)
         async with h.subscribe(session.id) as events:
             sent = await h.prompt(session.id, "set up a DB")
@@ -279,11 +264,11 @@ async def test_answers_come_back_as_the_tool_result(tmp_path: Path, project: Pat
 
 
 async def test_a_rejected_question_stops_the_turn_unless_it_says_why(
-    tmp_path: Path, project: Path
+    tmp_path: Path, project: Path, scripted_harness: ScriptedHarness, tool_parts: ToolParts
 ) -> None:
     # The scripted turn answered is picked by the number of assistant turns so far.
     turns = [ask(call_id="askOne01"), ask(call_id="askTwo02"), {"text": "carried on"}]
-    async with harness_with(tmp_path, turns, interactive=True) as (h, _):
+    async with scripted_harness(turns, interactive=True) as (h, _):
         session = await h.create_session(project)
         async with h.subscribe(session.id) as events:
             await h.prompt(session.id, "go")
@@ -304,9 +289,9 @@ async def test_a_rejected_question_stops_the_turn_unless_it_says_why(
 
 
 async def test_cancelling_the_session_clears_its_pending_questions(
-    tmp_path: Path, project: Path
+    tmp_path: Path, project: Path, scripted_harness: ScriptedHarness, tool_parts: ToolParts
 ) -> None:
-    async with harness_with(tmp_path, [ask(), {"text": "never"}], interactive=True) as (h, _):
+    async with scripted_harness([ask(), {"text": "never"}], interactive=True) as (h, _):
         session = await h.create_session(project)
         other = await h.create_session(project)
         async with h.subscribe(session.id) as events:
@@ -330,15 +315,8 @@ async def test_cancelling_the_session_clears_its_pending_questions(
 # --- questions: the daemon API ------------------------------------------------------------------
 
 
-@pytest.fixture
-def socket_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="hq", dir="/tmp"))  # a socket path is short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
 async def test_a_question_answered_through_the_api(
-    tmp_path: Path, project: Path, socket_dir: Path, nursery: trio.Nursery
+    tmp_path: Path, project: Path, socket_dir: Path, nursery: trio.Nursery, tool_parts: ToolParts
 ) -> None:
     config = Config(home=tmp_path / "home", log_file=tmp_path / "daemon.jsonl")
     h, path = await nursery.start(server.serve, config, socket_dir / "d.sock")
@@ -405,7 +383,7 @@ def test_typed_answers_are_shaped_per_question() -> None:
 
 
 def _env(tmp_path: Path, socket: Path | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
+    env = dict(os.environ)
     env.pop("MISTRAL_API_KEY", None)
     env["HARNESS_HOME"] = str(tmp_path / "home")
     env["HARNESS_SOCKET"] = str(socket or tmp_path / "no-daemon.sock")

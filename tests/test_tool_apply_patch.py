@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from harness.tools.apply_patch import ApplyPatchParams, ApplyPatchTool, parse_patch
 from harness.tools.base import ToolContext, ToolFailure, ToolOutput
+
+if TYPE_CHECKING:
+    from conftest import ToolContextFactory
 
 tool = ApplyPatchTool()
 
@@ -21,14 +25,8 @@ def root(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def ctx(root: Path, tmp_path: Path) -> ToolContext:
-    return ToolContext(
-        session_id="ses_x",
-        message_id="msg_x",
-        call_id="cal_x",
-        directory=root,
-        output_dir=tmp_path / "out",
-    )
+def ctx(root: Path, tool_context: ToolContextFactory) -> ToolContext:
+    return tool_context(root)
 
 
 def patch(*body: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import tracemalloc
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pydantic
 import pytest
@@ -16,16 +17,13 @@ from harness.tools.bash import MAX_TIMEOUT_MS, BashParams, BashTool
 from harness.tools.process import group_alive, kill_process_group
 from harness.tools.truncate import MAX_BYTES, MAX_LINES, truncate_output
 
+if TYPE_CHECKING:
+    from conftest import ToolContextFactory
+
 
 @pytest.fixture
-def ctx(tmp_path: Path) -> ToolContext:
-    return ToolContext(
-        session_id="ses_x",
-        message_id="msg_x",
-        call_id="cal_x",
-        directory=tmp_path.resolve(),
-        output_dir=tmp_path / "out",
-    )
+def ctx(tmp_path: Path, tool_context: ToolContextFactory) -> ToolContext:
+    return tool_context(tmp_path.resolve())
 
 
 async def run(ctx: ToolContext, command: str, **kwargs: object) -> tuple[str, dict[str, object]]:

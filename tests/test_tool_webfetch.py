@@ -6,6 +6,7 @@ import functools
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import h11
 import pytest
@@ -21,6 +22,9 @@ from harness.tools.webfetch import (
     needs_private_permission,
     refused_kind,
 )
+
+if TYPE_CHECKING:
+    from conftest import ToolContextFactory
 
 PAGE = b"""<!doctype html>
 <html><head><title>Demo page</title><style>body { color: red }</style></head>
@@ -102,14 +106,8 @@ async def server(nursery: trio.Nursery) -> Server:
 
 
 @pytest.fixture
-def ctx(tmp_path: Path) -> ToolContext:
-    return ToolContext(
-        session_id="ses_x",
-        message_id="msg_x",
-        call_id="cal_x",
-        directory=tmp_path.resolve(),
-        output_dir=tmp_path / "out",
-    )
+def ctx(tmp_path: Path, tool_context: ToolContextFactory) -> ToolContext:
+    return tool_context(tmp_path.resolve())
 
 
 @pytest.fixture(autouse=True)

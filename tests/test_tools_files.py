@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+import trio
 
 from harness.permissions.ruleset import DEFAULT_RULES, decide
 from harness.tools.base import ToolContext, ToolFailure
@@ -15,8 +19,12 @@ from harness.tools.grep import GrepParams, GrepTool
 from harness.tools.list import ListParams, ListTool
 from harness.tools.paths import display_path, external_need, resolve_path
 from harness.tools.read import ReadParams, ReadTool
+from harness.tools.threads import run_file_change
 from harness.tools.truncate import truncate_output
 from harness.tools.write import WriteParams, WriteTool
+
+if TYPE_CHECKING:
+    from conftest import ToolContextFactory
 
 
 @pytest.fixture
@@ -27,12 +35,11 @@ def root(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def ctx(root: Path, tmp_path_factory: pytest.TempPathFactory) -> ToolContext:
-    return ToolContext(
-        session_id="ses_x",
-        message_id="msg_x",
-        call_id="cal_x",
-        directory=root,
+def ctx(
+    root: Path, tmp_path_factory: pytest.TempPathFactory, tool_context: ToolContextFactory
+) -> ToolContext:
+    return tool_context(
+        root,
         output_dir=tmp_path_factory.mktemp("tool-output"),
         # The gate's answer under the default rules, as the executor gives it.
         check=lambda permission, pattern: decide(permission, pattern, [DEFAULT_RULES])[0],
@@ -479,3 +486,66 @@ async def test_list_errors_and_permissions(root: Path, ctx: ToolContext) -> None
         ("external_directory", f"{root.parent}/*"),
         ("list", str(root.parent)),
     ]
+
+
+# --- file changes off the event loop (harness/tools/threads.py) -------------------------
+
+
+def test_write_leaves_the_event_loop_free_while_the_disk_blocks(
+    root: Path, ctx: ToolContext
+) -> None:
+    # Opening a FIFO for writing blocks until a reader comes: a write done on the event
+    # loop would stall every task, so the reader below (a task of the same loop) could
+    # never start. The watchdog thread unblocks such a stuck write so the test fails
+    # instead of hanging.
+    fifo = root / "pipe"
+    os.mkfifo(fifo)
+    loop_free, fired = threading.Event(), threading.Event()
+
+    def drain() -> bytes:
+        with open(fifo, "rb") as pipe:
+            return pipe.read()
+
+    def watchdog() -> None:
+        if not loop_free.wait(10):
+            fired.set()
+            drain()
+
+    guard = threading.Thread(target=watchdog, daemon=True)
+    guard.start()
+    read: list[bytes] = []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(WriteTool().execute, WriteParams(path="pipe", content="hi"), ctx)
+            await trio.sleep(0.1)
+            loop_free.set()
+            if not fired.is_set():
+                read.append(await trio.to_thread.run_sync(drain))
+
+    trio.run(main)
+    guard.join()
+    assert not fired.is_set(), "the write blocked the event loop"
+    assert read == [b"hi"]
+
+
+def test_a_file_change_is_finished_even_when_the_call_is_cancelled(tmp_path: Path) -> None:
+    target = tmp_path / "slow.txt"
+    started = threading.Event()
+
+    def slow_write() -> None:
+        started.set()
+        time.sleep(0.3)
+        target.write_text("done")
+
+    async def main() -> None:
+        with trio.move_on_after(5) as scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run_file_change, slow_write)
+                await trio.to_thread.run_sync(started.wait)
+                nursery.cancel_scope.cancel()
+        assert not scope.cancelled_caught
+        # The cancel waited for the change: the file is complete the moment it returns.
+        assert target.read_text() == "done"
+
+    trio.run(main)

@@ -22,7 +22,7 @@ from harness.actors.services import Lineage, SessionServices
 from harness.agents import get_agent
 from harness.context.budget import Budget
 from harness.messages import ids
-from harness.messages.events import NewEvent
+from harness.messages.events import NewEvent, wait_turn_finished
 from harness.messages.model import InboxItem, Session, SubtaskPart
 from harness.tools.base import SubtaskResult, ToolFailure
 
@@ -140,14 +140,10 @@ class ChildSessions:
                 await join_tree(services.feed, child)
                 await ledger.write(events)
             await nursery.start(actor.run)
-            async for event in events_channel:
-                if event.type == "turn.finished" and event.data.get("message_id") == item.id:
-                    nursery.cancel_scope.cancel()
-                    log.info("subtask finished", child_session_id=child.id)
-                    return SubtaskResult(
-                        child.id,
-                        event.data["reason"],
-                        event.data.get("answer") or "",
-                        event.data.get("error"),
-                    )
+            result = await wait_turn_finished(events_channel, message_id=item.id)
+            if result is not None:
+                nursery.cancel_scope.cancel()
+        if result is not None:
+            log.info("subtask finished", child_session_id=child.id)
+            return SubtaskResult(child.id, result.reason, result.answer or "", result.error)
         raise ToolFailure(f"the subtask session {child.id} stopped without an answer")

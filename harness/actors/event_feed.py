@@ -25,6 +25,7 @@ from harness.messages.mailbox import (
     Subscribe,
     Subscription,
     Unsubscribe,
+    ask,
 )
 from harness.secrets import has_secrets, redact_data
 
@@ -111,9 +112,9 @@ async def subscription(
     feed: trio.MemorySendChannel[FeedMessage], session_id: str | None, buffer: int = 4096
 ) -> AsyncIterator[trio.MemoryReceiveChannel[Event]]:
     """Hear the events published from now on, of one session tree or of all sessions."""
-    reply_send, reply_receive = trio.open_memory_channel[Subscription](1)
-    await feed.send(Subscribe(session_id, reply_send, buffer))
-    subscribed = await reply_receive.receive()
+    subscribed: Subscription = await ask(
+        feed, lambda reply: Subscribe(session_id, reply, buffer)
+    )
     try:
         yield subscribed.events
     finally:

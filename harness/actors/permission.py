@@ -125,9 +125,7 @@ class Permission:
             created=time.time(),
         )
         self._pending[request.id] = _Pending(request, ask)
-        self._ledger.post(
-            [NewEvent("permission.asked", ask.session_id, request.model_dump(mode="json"))]
-        )
+        self._ledger.post([NewEvent.of("permission.asked", ask.session_id, request)])
         log.info("permission asked", permission=need.permission, pattern=need.pattern)
 
     def _reply(self, message: ReplyPermission) -> bool:

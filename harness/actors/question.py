@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import structlog
 import trio
 
-from harness.messages import ids
+from harness.messages import ids, mailbox
 from harness.messages.events import NewEvent
 from harness.messages.mailbox import (
     AnswerQuestion,
@@ -101,9 +101,7 @@ class Question:
             created=time.time(),
         )
         self._pending[request.id] = _Pending(request, ask)
-        self._ledger.post(
-            [NewEvent("question.asked", ask.session_id, request.model_dump(mode="json"))]
-        )
+        self._ledger.post([NewEvent.of("question.asked", ask.session_id, request)])
         log.info("question asked", request_id=request.id, questions=len(request.questions))
 
     def _answer(self, message: AnswerQuestion) -> str | None:
@@ -163,12 +161,13 @@ class SessionQuestions:
         self, *, call_id: str, message_id: str, questions: Sequence[QuestionInfo]
     ) -> QuestionOutcome:
         request_id = ids.question_id()
-        reply_send, reply_receive = trio.open_memory_channel[QuestionOutcome](1)
-        await self._mailbox.send(
-            AskQuestion(request_id, self._session_id, message_id, call_id, questions, reply_send)
-        )
         try:
-            return await reply_receive.receive()
+            return await mailbox.ask(
+                self._mailbox,
+                lambda reply: AskQuestion(
+                    request_id, self._session_id, message_id, call_id, questions, reply
+                ),
+            )
         finally:
             # Answered already, or the call was cancelled: either way nothing stays pending.
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):

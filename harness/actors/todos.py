@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from harness.messages.events import NewEvent
-from harness.messages.todo import Todo
+from harness.messages.todo import Todo, TodoList
 from harness.storage.ledger import Ledger
 
 
@@ -16,6 +16,6 @@ class SessionTodos:
         return self._ledger.todos(self._session_id)
 
     async def write(self, todos: list[Todo]) -> None:
-        data = {"session_id": self._session_id, "todos": [t.model_dump() for t in todos]}
+        todo_list = TodoList(session_id=self._session_id, todos=todos)
         # Awaited: a todoread in the very next step must see it.
-        await self._ledger.write([NewEvent("todo.updated", self._session_id, data)])
+        await self._ledger.write([NewEvent.of("todo.updated", self._session_id, todo_list)])

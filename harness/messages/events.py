@@ -13,13 +13,18 @@ payloads were validated when their models were built).
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterable
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel
 
-EventType = Literal[
-    # durable: each one is applied to a projection table (see storage/projections.py)
+# Every event type, in three groups. A new type goes in exactly one of them; a projected
+# one also needs its entry in storage/projections.py's PROJECTIONS, and
+# tests/test_event_types.py fails until the two name the same types.
+
+# durable: each one is applied to a projection table (see storage/projections.py)
+ProjectedType = Literal[
     "session.created",
     "session.updated",
     "session.deleted",
@@ -37,7 +42,10 @@ EventType = Literal[
     "turn.resumed",
     "turn.finished",
     "todo.updated",
-    # durable, log only: the record of why things happened
+]
+
+# durable, log only: the record of why things happened
+LoggedType = Literal[
     "permission.asked",
     "permission.replied",
     "permission.decided",
@@ -45,14 +53,17 @@ EventType = Literal[
     "question.replied",
     "question.rejected",
     "sandbox.unavailable",  # a turn's commands run unsandboxed: {requested, reason, notice}
-    # ephemeral: published live, never stored
+]
+
+# ephemeral: published live, never stored
+EphemeralType = Literal[
     "part.delta",
     "session.retry",
     "feed.overflow",
     "step.request",
 ]
 
-EPHEMERAL_TYPES: Final = frozenset({"part.delta", "session.retry", "feed.overflow", "step.request"})
+EventType = Literal[ProjectedType, LoggedType, EphemeralType]
 
 
 @dataclass(slots=True, frozen=True)
@@ -116,3 +127,46 @@ class TurnResult:
             "answer": self.answer,
             "error": self.error,
         }
+
+
+class _EventLike(Protocol):
+    """An ``Event``, or the client's ``WireEvent``: what the turn helpers read."""
+
+    @property
+    def type(self) -> str: ...
+    @property
+    def session_id(self) -> str: ...
+    @property
+    def data(self) -> dict[str, Any]: ...
+
+
+def finished_turn(
+    event: _EventLike, *, message_id: str | None = None, session_id: str | None = None
+) -> TurnResult | None:
+    """The result when ``event`` is a ``turn.finished``, else None.
+
+    With ``message_id``: only the turn that message started; with ``session_id``: only a
+    turn of that session (a subscription also carries its child sessions' events).
+    """
+    if event.type != "turn.finished":
+        return None
+    data = event.data
+    if message_id is not None and data.get("message_id") != message_id:
+        return None
+    if session_id is not None and event.session_id != session_id:
+        return None
+    return TurnResult(data["message_id"], data["reason"], data.get("answer", ""), data.get("error"))
+
+
+async def wait_turn_finished(
+    events: AsyncIterable[_EventLike],
+    *,
+    message_id: str | None = None,
+    session_id: str | None = None,
+) -> TurnResult | None:
+    """Read ``events`` until a turn finishes (see ``finished_turn``); None if they end first."""
+    async for event in events:
+        result = finished_turn(event, message_id=message_id, session_id=session_id)
+        if result is not None:
+            return result
+    return None

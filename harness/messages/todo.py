@@ -18,3 +18,12 @@ class Todo(BaseModel):
         description="pending, in_progress (one at a time), completed or cancelled"
     )
     priority: TodoPriority = Field(default="medium", description="high, medium or low")
+
+
+class TodoList(BaseModel):
+    """A session's whole task list: the payload of ``todo.updated``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    session_id: str
+    todos: list[Todo]

@@ -21,16 +21,6 @@ class PriceTable:
     def __init__(self, prices: Mapping[str, Price] | None = None) -> None:
         self._prices: dict[str, Price] = dict(prices or {})
 
-    @classmethod
-    def from_config(cls, raw: Mapping[str, Mapping[str, float]]) -> PriceTable:
-        """From ``{"model": {"input": usd_per_mtok, "output": usd_per_mtok}}``."""
-        return cls(
-            {
-                name: Price(float(p.get("input", 0.0)), float(p.get("output", 0.0)))
-                for name, p in raw.items()
-            }
-        )
-
     def updated(self, prices: Mapping[str, Price]) -> PriceTable:
         return PriceTable({**self._prices, **prices})
 

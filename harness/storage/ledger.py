@@ -300,6 +300,9 @@ class Ledger:
         self, events: Sequence[NewEvent], *, blobs: Sequence[tuple[str, bytes]] = ()
     ) -> list[Event]:
         """Write and wait until the events (and the file contents they name) are committed."""
+        # Not ``mailbox.ask``: its ``await send`` is a checkpoint, so a caller already
+        # cancelled would never post the write. Posted with send_nowait (the mailbox is
+        # unbounded) the events reach the writer whatever happens to the caller next.
         reply_send, reply_receive = trio.open_memory_channel[list[Event] | Exception](1)
         self._mailbox_send.send_nowait(WriteEvents(events, reply_send, blobs))
         answer = await reply_receive.receive()

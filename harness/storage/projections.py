@@ -1,8 +1,11 @@
 """How each durable event changes the projection tables.
 
 Runs inside the writer's transaction, right after the event row is appended, so an
-event and its effect are committed together or not at all. Events whose type has no
-entry here (permission.*, question.*, sandbox.unavailable) live in the event log only.
+event and its effect are committed together or not at all. The keys are exactly the
+``ProjectedType`` names of messages/events.py (mypy refuses a key that is no event
+type; tests/test_event_types.py refuses a projected type without an entry and an entry
+for a type that is not projected); a ``LoggedType``
+(permission.*, question.*, sandbox.unavailable) lives in the event log only.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from collections.abc import Callable
 from typing import Any, Final
 
 import apsw
+
+from harness.messages.events import EventType
 
 
 def _upsert_session(conn: apsw.Connection, seq: int, data: dict[str, Any], text: str) -> None:
@@ -137,7 +142,7 @@ def _set_todos(conn: apsw.Connection, seq: int, data: dict[str, Any], text: str)
 
 Projection = Callable[[apsw.Connection, int, dict[str, Any], str], None]
 
-PROJECTIONS: Final[dict[str, Projection]] = {
+PROJECTIONS: Final[dict[EventType, Projection]] = {
     "session.created": _upsert_session,
     "session.updated": _upsert_session,
     "session.deleted": _delete_session,

@@ -47,6 +47,7 @@ from harness.tools.base import (
     ToolParams,
 )
 from harness.tools.paths import display_path, resolve_path, write_needs
+from harness.tools.threads import run_file_change
 
 BEGIN = "*** Begin Patch"
 END = "*** End Patch"
@@ -577,6 +578,11 @@ class ApplyPatchTool(Tool[ApplyPatchParams]):
         return f"apply_patch {ops[0].path}{more}"
 
     async def execute(self, args: ApplyPatchParams, ctx: ToolContext) -> ToolOutput:
+        # In a worker thread, like grep and glob, and finished even on a cancel: see
+        # harness/tools/threads.py for why.
+        return await run_file_change(lambda: self._change(args, ctx))
+
+    def _change(self, args: ApplyPatchParams, ctx: ToolContext) -> ToolOutput:
         ops = parse_patch(args.patch)
         changes = _plan(ops, ctx)
         _write(changes, ctx)

@@ -24,6 +24,7 @@ from harness.tools.base import (
     ToolParams,
 )
 from harness.tools.paths import display_path, resolve_path, write_needs
+from harness.tools.threads import run_file_change
 
 MAX_DIFF_LINES = 200
 
@@ -154,6 +155,11 @@ class EditTool(Tool[EditParams]):
         return f"edit {args.path}"
 
     async def execute(self, args: EditParams, ctx: ToolContext) -> ToolOutput:
+        # In a worker thread, like grep and glob, and finished even on a cancel: see
+        # harness/tools/threads.py for why.
+        return await run_file_change(lambda: self._change(args, ctx))
+
+    def _change(self, args: EditParams, ctx: ToolContext) -> ToolOutput:
         path = resolve_path(args.path, ctx)
         shown = display_path(path, ctx)
         title = f"edit {shown}"

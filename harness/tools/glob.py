@@ -7,9 +7,8 @@ import re
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import NamedTuple, TypeVar
+from typing import NamedTuple
 
-import trio
 from pydantic import Field
 
 from harness.tools.base import (
@@ -21,8 +20,7 @@ from harness.tools.base import (
     ToolParams,
 )
 from harness.tools.paths import display_path, path_needs, resolve_path
-
-T = TypeVar("T")
+from harness.tools.threads import run_scan
 
 MAX_RESULTS = 100
 # Vendored, generated or VCS trees: never what the model is looking for, and often huge.
@@ -181,16 +179,6 @@ def mtime(path: Path | str) -> float:
         return os.stat(path).st_mtime  # through a link, as Path.stat
     except OSError:
         return 0.0
-
-
-async def run_scan(fn: Callable[[threading.Event], T]) -> T:
-    """Run a blocking scan in a worker thread that stops early if the call is cancelled."""
-    stop = threading.Event()
-    try:
-        return await trio.to_thread.run_sync(fn, stop, abandon_on_cancel=True)
-    finally:
-        # On cancellation the abandoned thread sees this and stops at the next file.
-        stop.set()
 
 
 def _relative_pattern(pattern: str, root: Path) -> str:

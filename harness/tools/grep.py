@@ -20,12 +20,13 @@ from harness.tools.base import (
     ToolOutput,
     ToolParams,
 )
-from harness.tools.glob import TreeFile, compile_glob, list_tree, run_scan
+from harness.tools.glob import TreeFile, compile_glob, list_tree
 from harness.tools.paths import ReadCheck, display_path, path_needs, resolve_path, skipped_note
 from harness.tools.read import BINARY_SAMPLE, cut_line, looks_binary
 from harness.tools.ripgrep import Run, prefilter, ripgrep, run
 from harness.tools.ripgrep import counts as rg_counts
 from harness.tools.ripgrep import lines as rg_lines
+from harness.tools.threads import run_scan
 
 log = structlog.get_logger("harness.tools.grep")
 

@@ -17,6 +17,7 @@ from harness.tools.base import (
     ToolParams,
 )
 from harness.tools.paths import display_path, resolve_path, write_needs
+from harness.tools.threads import run_file_change
 
 
 class WriteParams(ToolParams):
@@ -50,6 +51,11 @@ class WriteTool(Tool[WriteParams]):
         return f"write {args.path}"
 
     async def execute(self, args: WriteParams, ctx: ToolContext) -> ToolOutput:
+        # In a worker thread, like grep and glob, and finished even on a cancel: see
+        # harness/tools/threads.py for why.
+        return await run_file_change(lambda: self._change(args, ctx))
+
+    def _change(self, args: WriteParams, ctx: ToolContext) -> ToolOutput:
         path = resolve_path(args.path, ctx)
         shown = display_path(path, ctx)
         if path.is_dir():
