@@ -31,7 +31,7 @@ from harness.context.compaction import compact
 from harness.context.limits import DEFAULT_LIMITS, ModelLimits
 from harness.history import History, estimate_tokens, text_of
 from harness.messages.events import NewEvent, StopReason, TurnResult
-from harness.messages.mailbox import CallOutcome, ExecuteCalls, FeedMessage, PlannedCall
+from harness.messages.mailbox import CallOutcome, ExecuteCalls, FeedMessage, PlannedCall, ask
 from harness.messages.model import Session, Tokens, ToolPart
 from harness.messages.outcome import Next, Overflow, StepOutcome, Stop
 from harness.messages.provider import ToolSpec
@@ -259,9 +259,9 @@ class Runner:
 
     async def _execute(self, message_id: str, calls: list[PlannedCall]) -> Stop | None:
         """Hand the calls to the ToolExecutor; a stop when one call's outcome ends the turn."""
-        reply_send, reply_receive = trio.open_memory_channel[list[CallOutcome]](1)
-        await self._executor.send(ExecuteCalls(message_id, calls, reply_send))
-        outcomes = await reply_receive.receive()
+        outcomes: list[CallOutcome] = await ask(
+            self._executor, lambda reply: ExecuteCalls(message_id, calls, reply)
+        )
         return next((Stop(o.stop) for o in outcomes if o.stop is not None), None)
 
     def _planned(

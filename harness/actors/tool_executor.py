@@ -28,6 +28,7 @@ from harness.messages.mailbox import (
     ExecuteCalls,
     PermissionMessage,
     PlannedCall,
+    ask,
 )
 from harness.messages.model import (
     PermissionAction,
@@ -191,7 +192,7 @@ class ToolExecutor:
             tool=call.tool,
             state=state,
         )
-        return NewEvent("part.updated", self._session_id, part.model_dump(mode="json"))
+        return NewEvent.of("part.updated", self._session_id, part)
 
     def _fail(
         self,
@@ -320,9 +321,9 @@ class ToolExecutor:
     async def _ask(
         self, message_id: str, call: PlannedCall, need: PermissionNeed
     ) -> PermissionDecision:
-        reply_send, reply_receive = trio.open_memory_channel[PermissionDecision](1)
-        await self._permission.send(
-            AskPermission(
+        decision: PermissionDecision = await ask(
+            self._permission,
+            lambda reply: AskPermission(
                 session_id=self._session_id,
                 message_id=message_id,
                 call_id=call.call_id,
@@ -330,10 +331,10 @@ class ToolExecutor:
                 need=need,
                 layers=self._layers,
                 project=self._project,
-                reply=reply_send,
-            )
+                reply=reply,
+            ),
         )
-        return await reply_receive.receive()
+        return decision
 
     async def _run(
         self,
