@@ -16,8 +16,6 @@ from typing import BinaryIO
 import trio
 from pydantic import Field, field_validator
 
-from harness.permissions.bash import bash_needs
-from harness.permissions.shell import Word, analyze
 from harness.private import open_private, private_dir
 from harness.tools.base import (
     PermissionNeed,
@@ -208,6 +206,8 @@ async def _pump(stream: trio.abc.ReceiveStream, output: _OutputBuffer, done: tri
 def _write_needs(command: str, ctx: ToolContext) -> list[PermissionNeed]:
     """A redirection target or ``tee`` file is a write: the needs the write tool would have
     for it (``edit``, and ``external_directory`` outside the session directory)."""
+    from harness.permissions.shell import Word, analyze  # on the first bash call: see below
+
     analysis = analyze(command)
     needs: list[PermissionNeed] = []
     targets = list(analysis.writes)
@@ -240,6 +240,10 @@ class BashTool(Tool[BashParams]):
     params = BashParams
 
     def permissions(self, args: BashParams, ctx: ToolContext) -> list[PermissionNeed]:
+        # The checker (its tables and patterns) loads with the first bash call, not with
+        # the tool registry: a session that never runs a command never pays for it.
+        from harness.permissions.bash import bash_needs
+
         return [*bash_needs(args.command), *_write_needs(args.command, ctx)]
 
     def title(self, args: BashParams) -> str:
