@@ -111,6 +111,9 @@ class History:
         self._compaction: tuple[str, CompactionPart] | None = None  # the latest summary
         self._orphans: dict[str, dict[str, Part]] = {}
         self._calls: dict[str, set[str]] = {}  # tool call id -> the messages holding it
+        # Steps a restart cut off, kept as the messages change: counting them in
+        # step_count would otherwise walk every step of the turn, each step.
+        self._cut: set[str] = set()
         self.mark = 0
         # Running totals, kept up to date from the messages that changed, so that a step
         # does not walk the whole history to estimate it (that would grow with its length).
@@ -134,6 +137,10 @@ class History:
             else:
                 entry.message = message
                 entry.chat = None
+            if cut_by_restart(message):
+                self._cut.add(message.id)
+            else:
+                self._cut.discard(message.id)
             self._dirty.add(message.id)
         for part in parts:
             if isinstance(part, ToolPart):
@@ -317,7 +324,8 @@ class History:
     def step_count(self, user_message_id: str) -> int:
         """Steps the turn has taken; a step a restart cut off is taken again, not counted."""
         steps = self._steps.get(user_message_id, ())
-        return sum(1 for i in steps if not cut_by_restart(self._entries[i].message))
+        cut = sum(1 for i in self._cut if self._step(i).parent_id == user_message_id)
+        return len(steps) - cut
 
     def last_step(self, user_message_id: str) -> AssistantMessage | None:
         ids = self._steps.get(user_message_id)
