@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from daemons import wait_for_daemon
 
 from harness.client import Client
 
@@ -43,12 +44,7 @@ def harness(
 def start_daemon(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         process = subprocess.Popen([sys.executable, "-m", "harness", "serve"], stderr=out, env=env)
-    client = Client(Path(env["HARNESS_SOCKET"]))
-    deadline = time.monotonic() + 15
-    while not client.alive():
-        assert process.poll() is None, log.read_text()
-        assert time.monotonic() < deadline, "the daemon never answered"
-        time.sleep(0.02)
+    wait_for_daemon(process, Path(env["HARNESS_SOCKET"]), log)
     return process
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import trio
+from daemons import wait_for_daemon
 from test_daemon import Daemon, _config, raw, sse, until_finished
 
 from harness import server
@@ -344,11 +345,7 @@ def test_a_session_bash_runs_while_the_daemon_is_at_its_cap(
         )
     clients: list[socket.socket] = []
     try:
-        client = Client(socket_dir / "s.sock")
-        deadline = time.monotonic() + 15
-        while not client.alive():
-            assert process.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)
+        client = wait_for_daemon(process, socket_dir / "s.sock", log)
         session = client.create_session(
             directory=str(project),
             model=f"scripted:{script}",

@@ -24,6 +24,7 @@ from typing import Any
 import apsw
 import pytest
 import trio
+from daemons import wait_for_daemon
 from procs import alive_with
 from wire_server import Reply, chunk, wire_server
 
@@ -360,12 +361,7 @@ def start_daemon(env: dict[str, str], log: Path, *extra: str) -> subprocess.Pope
         process = subprocess.Popen(
             [sys.executable, "-m", "harness", "serve", *extra], stderr=out, env=env
         )
-    client = Client(Path(env["HARNESS_SOCKET"]))
-    deadline = time.monotonic() + DEADLINE
-    while not client.alive():
-        assert process.poll() is None, log.read_text()
-        assert time.monotonic() < deadline, "the daemon never answered"
-        time.sleep(0.02)
+    wait_for_daemon(process, Path(env["HARNESS_SOCKET"]), log, DEADLINE)
     return process
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import trio
+from daemons import wait_for_daemon
 from procs import live_processes
 
 from harness.config import Config, ConfigError
@@ -581,7 +582,6 @@ def test_serve_logs_an_unavailable_sandbox_and_run_through_it_says_so(
 ) -> None:
     import json
 
-    from harness.client import Client
 
     socket_dir = Path(tempfile.mkdtemp(prefix="hs", dir="/tmp"))
     empty = tmp_path / "empty-path"
@@ -596,12 +596,7 @@ def test_serve_logs_an_unavailable_sandbox_and_run_through_it_says_so(
     with (tmp_path / "daemon.log").open("wb") as log:
         daemon = subprocess.Popen([sys.executable, "-m", "harness", "serve"], env=env, stderr=log)
     try:
-        client = Client(socket_dir / "h.sock")
-        deadline = time.monotonic() + 15
-        while not client.alive():
-            assert daemon.poll() is None, (tmp_path / "daemon.log").read_text()
-            assert time.monotonic() < deadline, "the daemon never answered"
-            time.sleep(0.02)
+        client = wait_for_daemon(daemon, socket_dir / "h.sock", tmp_path / "daemon.log")
         assert client.health()["sandbox"] == "off"
         answer = Path(__file__).parent.parent / "examples" / "answer.json"
         args = ("run", "--model", f"scripted:{answer}", "--dir", str(workspace), "hi")
@@ -680,7 +675,6 @@ def test_bad_sandbox_values_are_usage_errors(tmp_path: Path) -> None:
 def test_run_through_a_daemon_only_when_its_sandbox_is_the_one_asked_for(
     bwrap: str, tmp_path: Path, workspace: Path
 ) -> None:
-    from harness.client import Client
 
     socket_dir = Path(tempfile.mkdtemp(prefix="hs", dir="/tmp"))
     env = {"HARNESS_SOCKET": str(socket_dir / "h.sock")}
@@ -692,12 +686,7 @@ def test_run_through_a_daemon_only_when_its_sandbox_is_the_one_asked_for(
             stderr=log,
         )
     try:
-        client = Client(socket_dir / "h.sock")
-        deadline = time.monotonic() + 15
-        while not client.alive():
-            assert daemon.poll() is None, (tmp_path / "daemon.log").read_text()
-            assert time.monotonic() < deadline, "the daemon never answered"
-            time.sleep(0.02)
+        client = wait_for_daemon(daemon, socket_dir / "h.sock", tmp_path / "daemon.log")
         assert client.health()["sandbox"] == "workspace-write"
         answer = Path(__file__).parent.parent / "examples" / "answer.json"
         args = ("run", "--model", f"scripted:{answer}", "--dir", str(workspace), "hi")

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
+from daemons import wait_for_daemon
 
 from harness import cli, server
 from harness.client import ApiError, Client
@@ -497,12 +498,7 @@ def daemon_env(tmp_path: Path, socket_dir: Path) -> Iterator[tuple[dict[str, str
     with log.open("ab") as out:
         daemon = subprocess.Popen([sys.executable, "-m", "harness", "serve"], stderr=out, env=env)
     try:
-        client = Client(socket_dir / "d.sock")
-        deadline = time.monotonic() + DEADLINE
-        while not client.alive():
-            assert daemon.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "the daemon never answered"
-            time.sleep(0.02)
+        client = wait_for_daemon(daemon, socket_dir / "d.sock", log, DEADLINE)
         yield env, client
     finally:
         daemon.send_signal(signal.SIGTERM)
