@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         default_home,
         usable_socket_path,
     )
+    from harness.config_files import ConfigFileError, config_overrides, load_settings
     from harness.logs import configure_logging
     from harness.messages.events import Event, TurnResult
     from harness.messages.ids import message_id as new_message_id
@@ -51,6 +52,7 @@ __all__ = [
     "NO_TERMINAL",
     "Config",
     "ConfigError",
+    "ConfigFileError",
     "DaemonRunning",
     "Event",
     "Harness",
@@ -68,9 +70,11 @@ __all__ = [
     "SocketPathError",
     "TurnResult",
     "UnknownAgentError",
+    "config_overrides",
     "configure_logging",
     "default_home",
     "has_secrets",
+    "load_settings",
     "new_message_id",
     "no_terminal_hint",
     "open_harness",
@@ -89,6 +93,9 @@ __all__ = [
 _WHERE = {
     "Config": ("harness.config", "Config"),
     "ConfigError": ("harness.config", "ConfigError"),
+    "ConfigFileError": ("harness.config_files", "ConfigFileError"),
+    "config_overrides": ("harness.config_files", "config_overrides"),
+    "load_settings": ("harness.config_files", "load_settings"),
     "SocketPathError": ("harness.config", "SocketPathError"),
     "default_home": ("harness.config", "default_home"),
     "usable_socket_path": ("harness.config", "usable_socket_path"),
