@@ -218,3 +218,31 @@ async def test_named_provider_through_a_wire_server_key_from_its_variable(
     missing = _harness(_env(tmp_path), "run", "--embedded", "--dir", str(work), "go")
     assert missing.returncode != 0 and "LAB_SERVICE_KEY" in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+async def test_embedded_config_from_files_applies_the_project_file(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    import pytest
+
+    import harness
+
+    repo, work = _repo(tmp_path)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    rm = {"tool_calls": [{"name": "bash", "arguments": {"command": "rm keep.txt"}}]}
+    model = _script(tmp_path / "rm.json", rm, {"text": "removed"})
+    project_file = _write(
+        repo / ".harness" / "config.toml",
+        f'model = "{model}"\n[permission]\nbash = {{ "*" = "allow", "rm *" = "deny" }}\n',
+    )
+    victim = _write(work / "keep.txt", "data")
+    config = harness.Config.from_files(work, home=tmp_path / "home", interactive=False)
+    assert config.model == model
+    async with harness.open_harness(config) as h:
+        session = await h.create_session(work)
+        result = await h.run(session.id, "clean up")
+    assert result.reason == "denied", result
+    assert victim.exists(), "the project file's deny held"
+    _write(project_file, "max_steps = 0\n")
+    with pytest.raises(harness.ConfigError, match=r"config\.toml: max_steps"):
+        harness.Config.from_files(work)
