@@ -125,21 +125,6 @@ class Config:
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
 
-    @classmethod
-    def from_files(cls, directory: Path | str = ".", **overrides: object) -> Config:
-        """``from_env`` over the configuration files that apply in ``directory`` (DESIGN
-        §11): defaults < global < project < environment < ``overrides``. The files' rules
-        come before ``overrides["rules"]``, so an override's rule wins. Raises
-        ``ConfigFileError`` (a ``ConfigError``) naming the file and key."""
-        from harness.config_files import config_overrides, load_settings
-
-        settings = load_settings(Path(directory))
-        values: dict[str, object] = config_overrides(settings)
-        rules = overrides.pop("rules", None) or ()
-        values.update({key: value for key, value in overrides.items() if value is not None})
-        values["rules"] = [*settings.rules, *rules]  # type: ignore[misc]
-        return cls.from_env(**values)
-
     @property
     def ledger_path(self) -> Path:
         return self.home / "ledger.db"

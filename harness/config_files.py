@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from harness.config import DEFAULT_MODEL, ConfigError
+from harness.config import DEFAULT_MODEL, Config, ConfigError
 from harness.messages.model import Rule
 
 Action = Literal["allow", "ask", "deny"]
@@ -177,17 +177,32 @@ def _merge(into: dict[str, Any], data: Mapping[str, Any]) -> None:
             into[key] = dict(value) if isinstance(value, Mapping) else value
 
 
-def load_settings(directory: Path, environ: Mapping[str, str] | None = None) -> Settings:
-    """Defaults < global file < project file < environment, for a session in ``directory``."""
+def read_project(directory: Path) -> tuple[Path, ConfigFile] | None:
+    """The project file that applies in ``directory``, checked, or None."""
+    path = project_path(directory)
+    return None if path is None else (path.resolve(), read_file(path))
+
+
+def daemon_cannot_apply(parsed: ConfigFile) -> list[str]:
+    """Keys of a project file the daemon cannot honour per session: its providers, budget
+    and sandbox are the daemon's own (from the global file, read at start)."""
+    return [key for key in ("providers", "budget", "sandbox") if getattr(parsed, key)]
+
+
+def load_settings(
+    directory: Path, environ: Mapping[str, str] | None = None, *, project: bool = True
+) -> Settings:
+    """Defaults < global file < project file < environment, for a session in ``directory``
+    (``project=False``: the daemon at start, which reads a session's file later)."""
     env = os.environ if environ is None else environ
     settings = Settings(values=dict(DEFAULTS), sources=dict.fromkeys(DEFAULTS, "default"))
     files: list[Path] = []
     path, explicit = global_path(env)
     if path.is_file() or explicit:
         files.append(path)
-    project = project_path(directory)
-    if project is not None and project.resolve() not in {f.resolve() for f in files}:
-        files.append(project)
+    found = project_path(directory) if project else None
+    if found is not None and found.resolve() not in {f.resolve() for f in files}:
+        files.append(found)
     for file in files:
         parsed = read_file(file)
         data = parsed.model_dump(exclude_none=True, exclude_defaults=True)
@@ -249,3 +264,18 @@ def config_overrides(settings: Settings) -> dict[str, Any]:
         "model_limits": limits,
         "secret_env": [s.api_key_env for s in settings.providers.values() if s.api_key_env],
     }
+
+
+def config_from_files(
+    directory: Path | str = ".", *, project: bool = True, **overrides: object
+) -> Config:
+    """``Config.from_env`` over the configuration files that apply in ``directory``:
+    defaults < global < project < environment < ``overrides``. The files' rules come before
+    ``overrides["rules"]``, so an override's rule wins. Raises ``ConfigFileError`` (a
+    ``ConfigError``) naming the file and key. ``project=False``: the global file only."""
+    settings = load_settings(Path(directory), project=project)
+    values: dict[str, object] = config_overrides(settings)
+    rules = cast("Sequence[Rule]", overrides.pop("rules", None) or ())
+    values.update({key: value for key, value in overrides.items() if value is not None})
+    values["rules"] = [*settings.rules, *rules]
+    return Config.from_env(**values)

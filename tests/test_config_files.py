@@ -236,7 +236,7 @@ async def test_embedded_config_from_files_applies_the_project_file(
         f'model = "{model}"\n[permission]\nbash = {{ "*" = "allow", "rm *" = "deny" }}\n',
     )
     victim = _write(work / "keep.txt", "data")
-    config = harness.Config.from_files(work, home=tmp_path / "home", interactive=False)
+    config = harness.config_from_files(work, home=tmp_path / "home", interactive=False)
     assert config.model == model
     async with harness.open_harness(config) as h:
         session = await h.create_session(work)
@@ -245,4 +245,58 @@ async def test_embedded_config_from_files_applies_the_project_file(
     assert victim.exists(), "the project file's deny held"
     _write(project_file, "max_steps = 0\n")
     with pytest.raises(harness.ConfigError, match=r"config\.toml: max_steps"):
-        harness.Config.from_files(work)
+        harness.config_from_files(work)
+
+
+def test_daemon_reads_global_at_start_and_project_at_session_creation(
+    tmp_path: Path, socket_dir: Path
+) -> None:
+    import pytest
+    from test_client import start_daemon, stop
+
+    from harness.client import ApiError, Client
+
+    repo, work = _repo(tmp_path)
+    rm = {"tool_calls": [{"name": "bash", "arguments": {"command": "rm keep.txt"}}]}
+    global_model = _script(tmp_path / "g.json", {"text": "from global"})
+    _write(tmp_path / "xdg" / "harness" / "config.toml", f'model = "{global_model}"\n')
+    env = _env(tmp_path, HARNESS_SOCKET=str(socket_dir / "h.sock"))
+    daemon = start_daemon(env, tmp_path / "daemon.log")
+    try:
+        client = Client(Path(env["HARNESS_SOCKET"]))
+        plain = tmp_path / "plain"
+        plain.mkdir()
+        done = _harness(env, "run", "--dir", str(plain), "hi")
+        assert done.returncode == 0 and done.stdout.strip() == "from global", done.stderr
+        # A project file written after the daemon started applies to the next session.
+        project_model = _script(tmp_path / "p.json", rm, {"text": "removed"})
+        _write(
+            repo / ".harness" / "config.toml",
+            f'model = "{project_model}"\n[permission]\nbash = {{ "rm *" = "deny" }}\n',
+        )
+        victim = _write(work / "keep.txt", "data")
+        denied = _harness(env, "run", "--dir", str(work), "clean up")
+        assert denied.returncode == 4, denied.stderr
+        assert victim.exists()
+        assert len(client.sessions()) == 2, "both runs went through the daemon"
+        # What the daemon cannot apply per session is refused, by name, not ignored.
+        _write(repo / ".harness" / "config.toml", "[budget]\ncost = 1.0\n")
+        with pytest.raises(ApiError) as refused:
+            client.create_session(directory=str(work))
+        assert refused.value.status == 422 and "budget" in refused.value.message
+        _write(repo / ".harness" / "config.toml", "bogus = 1\n")
+        with pytest.raises(ApiError) as bad:
+            client.create_session(directory=str(work))
+        assert bad.value.status == 422 and "bogus: unknown key" in bad.value.message
+    finally:
+        assert stop(daemon) == 0
+
+
+def test_daemon_refuses_to_start_on_a_bad_global_file(tmp_path: Path, socket_dir: Path) -> None:
+    bad = _write(tmp_path / "xdg" / "harness" / "config.toml", "max_steps = -1\n")
+    env = _env(tmp_path, HARNESS_SOCKET=str(socket_dir / "h.sock"))
+    done = _harness(env, "serve")
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()]
+    assert str(bad.resolve()) in done.stderr and "max_steps" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -114,15 +114,18 @@ def _run(args: argparse.Namespace) -> int:
     if not directory.is_dir():
         raise UsageError(f"--dir {args.dir}: no such directory")
     interactive = sys.stdin.isatty() and args.prompt != ["-"]
-    from harness import config_overrides, load_settings
+    from harness import config_overrides, daemon_cannot_apply, load_settings, read_project
 
     # Defaults < global file < project file < HARNESS_* < flags (DESIGN §11).
     settings = load_settings(directory)
-    from_files = any(source.startswith("/") for source in settings.sources.values())
+    # The daemon reads a session's project file itself, except what is its own (a
+    # project's providers, budget, sandbox): with those, this run stays embedded.
+    project = read_project(directory)
+    local_only = project is not None and bool(daemon_cannot_apply(project[1]))
     if args.max_steps is None:
         args.max_steps = settings.get("max_steps")
     record = _record_path(args.record)
-    if not args.embedded and not from_files and _daemon_can_take(args):
+    if not args.embedded and not local_only and _daemon_can_take(args):
         daemon = client()
         if daemon is not None and daemon.alive():
             return _run_via_daemon(daemon, args, text, rules, directory, interactive)
