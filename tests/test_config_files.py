@@ -300,3 +300,25 @@ def test_daemon_refuses_to_start_on_a_bad_global_file(tmp_path: Path, socket_dir
     assert done.stderr.strip().splitlines() == [done.stderr.strip()]
     assert str(bad.resolve()) in done.stderr and "max_steps" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+async def test_named_providers_belong_to_one_harness() -> None:
+    from harness.providers.table import kind_of, named_kind, named_providers
+
+    lab = named_kind("lab", "openai", base_url="http://x/v1", key_env=None, headers={}, models={})
+    seen: dict[str, bool] = {}
+
+    async def look(name: str, with_lab: bool) -> None:
+        if with_lab:
+            with named_providers({"lab": lab}):
+                await trio.sleep(0.01)  # the other task looks meanwhile
+                seen[name] = kind_of("lab/m") is not None
+        else:
+            await trio.sleep(0.005)
+            seen[name] = kind_of("lab/m") is not None
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(look, "with", True)
+        nursery.start_soon(look, "without", False)
+    assert seen == {"with": True, "without": False}
+    assert kind_of("lab/m") is None and kind_of("openai/m") is not None
