@@ -105,14 +105,19 @@ def global_path(environ: Mapping[str, str] | None = None) -> tuple[Path, bool]:
 def project_path(directory: Path) -> Path | None:
     """The nearest ``.harness/config.toml`` from ``directory`` up to the repository root;
     outside a repository, the one in ``directory`` only."""
-    start = directory.expanduser().resolve()
-    chain = [start, *start.parents]
-    root = next((d for d in chain if (d / ".git").exists()), None)
-    candidates = [start] if root is None else chain[: chain.index(root) + 1]
-    for candidate in candidates:
-        path = candidate / ".harness" / "config.toml"
-        if path.is_file():
-            return path
+    try:
+        start = directory.expanduser().resolve()
+        chain = [start, *start.parents]
+        root = next((d for d in chain if (d / ".git").exists()), None)
+        candidates = [start] if root is None else chain[: chain.index(root) + 1]
+        for candidate in candidates:
+            path = candidate / ".harness" / "config.toml"
+            if path.is_file():
+                return path
+    except (OSError, ValueError):
+        # An unusable directory (too long a name, a NUL byte): the session's creation
+        # says so in its own words; there is no file to read in it.
+        return None
     return None
 
 

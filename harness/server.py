@@ -198,7 +198,7 @@ async def _create_session(h: Harness, request: Request) -> Response:
         # The project file of the session's directory, read now: a changed file applies
         # to the next session. Its rules come before the request's (which win).
         project = read_project(Path(body.directory or "."))
-    except (ConfigError, OSError) as error:
+    except ConfigError as error:
         raise ApiError(422, "invalid_config", str(error)) from None
     if project is not None:
         path, parsed = project
