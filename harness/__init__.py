@@ -30,6 +30,14 @@ if TYPE_CHECKING:
         default_home,
         usable_socket_path,
     )
+    from harness.config_files import (
+        ConfigFileError,
+        config_from_files,
+        config_overrides,
+        daemon_cannot_apply,
+        load_settings,
+        read_project,
+    )
     from harness.logs import configure_logging
     from harness.messages.events import Event, TurnResult
     from harness.messages.ids import message_id as new_message_id
@@ -51,6 +59,7 @@ __all__ = [
     "NO_TERMINAL",
     "Config",
     "ConfigError",
+    "ConfigFileError",
     "DaemonRunning",
     "Event",
     "Harness",
@@ -68,9 +77,13 @@ __all__ = [
     "SocketPathError",
     "TurnResult",
     "UnknownAgentError",
+    "config_from_files",
+    "config_overrides",
     "configure_logging",
+    "daemon_cannot_apply",
     "default_home",
     "has_secrets",
+    "load_settings",
     "new_message_id",
     "no_terminal_hint",
     "open_harness",
@@ -78,6 +91,7 @@ __all__ = [
     "open_reader",
     "parse_rule_flag",
     "private_dir",
+    "read_project",
     "redact",
     "render_trace",
     "resolve_model",
@@ -89,6 +103,12 @@ __all__ = [
 _WHERE = {
     "Config": ("harness.config", "Config"),
     "ConfigError": ("harness.config", "ConfigError"),
+    "ConfigFileError": ("harness.config_files", "ConfigFileError"),
+    "config_overrides": ("harness.config_files", "config_overrides"),
+    "load_settings": ("harness.config_files", "load_settings"),
+    "config_from_files": ("harness.config_files", "config_from_files"),
+    "read_project": ("harness.config_files", "read_project"),
+    "daemon_cannot_apply": ("harness.config_files", "daemon_cannot_apply"),
     "SocketPathError": ("harness.config", "SocketPathError"),
     "default_home": ("harness.config", "default_home"),
     "usable_socket_path": ("harness.config", "usable_socket_path"),

@@ -1,5 +1,5 @@
 """The command line (DESIGN §9): ``serve``, ``run``, ``sessions``, ``show``, ``events``,
-``cancel``, ``approve``, ``deny``, ``answer``, ``trace``, ``diff``, ``revert``.
+``cancel``, ``approve``, ``deny``, ``answer``, ``trace``, ``diff``, ``revert``, ``config``.
 
 This module holds what every command shares: the top-level parser, the dispatch to a
 command's handler, and the exit code for whatever a handler raised. Each command is a
@@ -29,6 +29,7 @@ from harness.commands import (
     answer,
     approve,
     cancel,
+    config,
     deny,
     diff,
     events,
@@ -51,7 +52,9 @@ from harness.commands.base import (
 __all__ = ["EXIT_CANCELLED", "EXIT_ERROR", "EXIT_OK", "EXIT_USAGE", "UsageError", "main"]
 
 # In the order ``harness --help`` lists them.
-COMMANDS = (run, serve, sessions, show, trace, diff, revert, events, cancel, approve, deny, answer)
+COMMANDS = (
+    run, serve, config, sessions, show, trace, diff, revert, events, cancel, approve, deny, answer
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -102,8 +105,11 @@ def _exit_code_for(error: BaseException) -> int:
     if isinstance(first, UsageError):
         print(f"harness: {first}", file=sys.stderr)
         return EXIT_USAGE
-    from harness import ConfigError
+    from harness import ConfigError, ConfigFileError
 
+    if isinstance(first, ConfigFileError):  # a file's fault, not the command line's
+        print(f"harness: {first}", file=sys.stderr)
+        return EXIT_ERROR
     if isinstance(first, ConfigError):
         print(f"harness: {first}", file=sys.stderr)
         return EXIT_USAGE

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from harness.messages.model import Rule
     from harness.providers.base import Provider
+    from harness.providers.table import ProviderKind
     from harness.tools.sandbox import SandboxMode
 
 DEFAULT_MODEL = "mistral/devstral-medium-latest"
@@ -78,6 +79,9 @@ class Config:
     # Environment variables kept from tools' subprocesses, on top of the credentials
     # harness knows (harness/secrets.py).
     secret_env: Sequence[str] = ()
+    # Named providers (``[providers.NAME]`` of a configuration file): model strings
+    # ``NAME/<model>`` for this harness only (harness/providers/table.py, named_providers).
+    providers: Mapping[str, ProviderKind] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.home = Path(self.home).expanduser()

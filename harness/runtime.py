@@ -57,6 +57,7 @@ from harness.messages.question import Answers, QuestionRequest
 from harness.messages.todo import Todo
 from harness.private import prepare_home
 from harness.providers import resolve_model, split_model
+from harness.providers.table import named_providers
 from harness.secrets import refresh_secrets
 from harness.storage.ledger import Ledger
 from harness.storage.lock import LockHolder, hold_ledger
@@ -530,8 +531,10 @@ async def open_harness(
     passes its socket), for the message another process gets when it is refused.
     """
     config = config or Config.from_env()
-    # The keys this harness may meet are those of its environment now.
-    refresh_secrets()
+    # The keys this harness may meet are those of its environment now, and those its
+    # named providers read from variables of any name.
+    key_names = [kind.key_env for kind in config.providers.values() if kind.key_env]
+    refresh_secrets([*config.secret_env, *key_names])
     prepare_home(config.home)
     if config.log_file is not None or not structlog.is_configured():
         configure_logging(
@@ -539,7 +542,7 @@ async def open_harness(
             format=config.log_format,
             file=config.log_file or config.home / "logs" / "harness.jsonl",
         )
-    with hold_ledger(config.ledger_path, holder):
+    with hold_ledger(config.ledger_path, holder), named_providers(config.providers):
         async with _open_harness(config) as harness:
             yield harness
 

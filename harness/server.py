@@ -33,7 +33,8 @@ import trio
 from pydantic import BaseModel, ValidationError
 
 from harness.agents import UnknownAgentError
-from harness.config import Config
+from harness.config import Config, ConfigError
+from harness.config_files import daemon_cannot_apply, file_rules, read_project
 from harness.messages.api import (
     MAX_ID,
     CreateSessionBody,
@@ -192,13 +193,33 @@ async def _health(h: Harness, request: Request) -> Response:
 
 async def _create_session(h: Harness, request: Request) -> Response:
     body: CreateSessionBody = request.json(CreateSessionBody)
+    model, agent, rules = body.model, body.agent, body.rules()
+    try:
+        # The project file of the session's directory, read now: a changed file applies
+        # to the next session. Its rules come before the request's (which win).
+        project = read_project(Path(body.directory or "."))
+    except ConfigError as error:
+        raise ApiError(422, "invalid_config", str(error)) from None
+    if project is not None:
+        path, parsed = project
+        local = daemon_cannot_apply(parsed)
+        if local:
+            raise ApiError(
+                422,
+                "invalid_config",
+                f"{path}: {', '.join(local)}: applied by embedded runs only "
+                "(harness run --embedded), or move them to the daemon's global file",
+            )
+        model = model or parsed.model
+        agent = agent or parsed.agent
+        rules = [*file_rules(parsed), *rules]
     try:
         session = await h.create_session(
             body.directory or ".",
-            model=body.model,
-            agent=body.agent,
+            model=model,
+            agent=agent,
             title=body.title,
-            permission=body.rules(),
+            permission=rules,
             base_url=body.base_url,
         )
     except (HarnessError, UnknownAgentError, ProviderError) as error:

@@ -114,8 +114,18 @@ def _run(args: argparse.Namespace) -> int:
     if not directory.is_dir():
         raise UsageError(f"--dir {args.dir}: no such directory")
     interactive = sys.stdin.isatty() and args.prompt != ["-"]
+    from harness import config_overrides, daemon_cannot_apply, load_settings, read_project
+
+    # Defaults < global file < project file < HARNESS_* < flags (DESIGN §11).
+    settings = load_settings(directory)
+    # The daemon reads a session's project file itself, except what is its own (a
+    # project's providers, budget, sandbox): with those, this run stays embedded.
+    project = read_project(directory)
+    local_only = project is not None and bool(daemon_cannot_apply(project[1]))
+    if args.max_steps is None:
+        args.max_steps = settings.get("max_steps")
     record = _record_path(args.record)
-    if not args.embedded and _daemon_can_take(args):
+    if not args.embedded and not local_only and _daemon_can_take(args):
         daemon = client()
         if daemon is not None and daemon.alive():
             return _run_via_daemon(daemon, args, text, rules, directory, interactive)
@@ -124,22 +134,28 @@ def _run(args: argparse.Namespace) -> int:
 
     from harness import Config
 
+    values = config_overrides(settings)
+    flags: dict[str, object] = {
+        "model": args.model,
+        "base_url": args.base_url,
+        "agent": args.agent,
+        "durability": args.durability,
+        "record": record,
+        "budget_tokens": args.budget_tokens,
+        "budget_cost": args.budget_cost,
+        "budget_time": args.budget_time,
+        "show_request": args.show_request or None,
+        "sandbox": args.sandbox,
+    }
+    values.update({key: value for key, value in flags.items() if value is not None})
     config = Config.from_env(
-        model=args.model,
-        base_url=args.base_url,
-        agent=args.agent,
         # --max-steps is the turn's (sent with the prompt), as through the daemon: not a
         # harness-wide limit that would also cut subtasks and other sessions' resumed turns.
-        rules=rules,
+        # The files' rules first: a flag's rule, later, wins (last match).
+        rules=[*settings.rules, *rules],
         interactive=interactive,
         yes=args.yes,
-        durability=args.durability,
-        record=record,
-        budget_tokens=args.budget_tokens,
-        budget_cost=args.budget_cost,
-        budget_time=args.budget_time,
-        show_request=args.show_request or None,
-        sandbox=args.sandbox,
+        **values,
     )
     config.log_file = config.home / "logs" / f"run-{time.strftime('%Y%m%d')}.jsonl"
     return trio.run(_run_embedded, config, args, text, directory)

@@ -34,17 +34,21 @@ def _serve(args: argparse.Namespace) -> int:
     import trio
 
     from harness import (
-        Config,
         DaemonRunning,
         LedgerError,
         SocketPathError,
+        config_from_files,
         configure_logging,
         serve,
         usable_socket_path,
     )
 
     # An unavailable sandbox is a warning in the log (stderr, one JSON object a line).
-    config = Config.from_env(durability=args.durability, sandbox=args.sandbox)
+    # The global configuration file, read once now; a session's project file is read when
+    # the session is created (harness/server.py).
+    config = config_from_files(
+        Path.cwd(), project=False, durability=args.durability, sandbox=args.sandbox
+    )
     log_file = Path(args.log_file).expanduser() if args.log_file else None
     configure_logging(level=config.log_level, format=config.log_format, file=log_file)
     log = structlog.get_logger("harness.serve")

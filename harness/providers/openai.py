@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
@@ -243,10 +243,13 @@ class OpenAIProvider:
         http_client: httpx.AsyncClient | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         prices: PriceTable | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         self.model = model
         self.url = f"{(base_url or DEFAULT_BASE_URL).rstrip('/')}/chat/completions"
-        self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        # A named provider's own headers first: the ones the protocol needs win.
+        self._headers = dict(headers or {})
+        self._headers.update({"Content-Type": "application/json", "Accept": "text/event-stream"})
         # Local servers usually want no key at all; sending an empty Bearer upsets some.
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -46,6 +48,9 @@ class ProviderKind:
     # model name → USD per million tokens. They change and may be stale: pass your own
     # PriceTable to correct them. Unknown models cost 0.0 ("no price", not "free").
     prices: Mapping[str, Price] = field(default_factory=dict)
+    # A named provider of a configuration file: its server and extra request headers.
+    base_url: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -109,15 +114,66 @@ PROVIDERS: dict[str, ProviderKind] = {
 }
 
 
+# The named providers of the harness running in this context (``[providers.NAME]``). A
+# context variable, not an entry in PROVIDERS: two harnesses of one process may name
+# different providers, and Trio tasks inherit the context their harness was opened in.
+_NAMED: ContextVar[Mapping[str, ProviderKind] | None] = ContextVar(
+    "harness_named_providers", default=None
+)
+
+
+def kinds() -> Mapping[str, ProviderKind]:
+    """The built-in kinds and the named ones of the current harness."""
+    named = _NAMED.get()
+    return {**PROVIDERS, **named} if named else PROVIDERS
+
+
+@contextmanager
+def named_providers(named: Mapping[str, ProviderKind]) -> Iterator[None]:
+    """Serve ``NAME/<model>`` by ``named`` for the tasks started inside the block."""
+    token = _NAMED.set(dict(named))
+    try:
+        yield
+    finally:
+        _NAMED.reset(token)
+
+
+def named_kind(
+    name: str,
+    kind: str,
+    *,
+    base_url: str | None,
+    key_env: str | None,
+    headers: Mapping[str, str],
+    models: Mapping[str, tuple[int | None, int | None, float, float]],
+) -> ProviderKind:
+    """A ``[providers.NAME]`` entry as a kind: the built-in ``kind``'s factory under a new
+    prefix, with the file's server, key variable, headers, limits and prices."""
+    base = PROVIDERS[kind]
+    limits = {m: (c, o) for m, (c, o, _, _) in models.items() if c is not None and o is not None}
+    prices = {m: Price(i, o) for m, (_, _, i, o) in models.items()}
+    return ProviderKind(
+        f"{name}/",
+        base.factory,
+        http=True,
+        key_env=key_env,
+        key_required=key_env is not None,
+        limits=limits,
+        prices=prices,
+        base_url=base_url,
+        headers=dict(headers),
+    )
+
+
 def model_usage() -> str:
     """``mistral/<model>, openai/<model>, scripted:<file> or replay:<cassette>``."""
-    usages = [kind.usage for kind in PROVIDERS.values()]
+    usages = [kind.usage for kind in kinds().values()]
     return ", ".join(usages[:-1]) + " or " + usages[-1]
 
 
 def kind_of(model: str) -> ProviderKind | None:
     """The kind a model string names, or None when no prefix matches (or nothing follows)."""
-    for kind in PROVIDERS.values():
+    for kind in kinds().values():
         if model.startswith(kind.prefix) and (kind.path or model != kind.prefix):
             return kind
     return None
@@ -148,15 +204,20 @@ def create_provider(
     ``record`` appends every HTTP exchange of a real provider to that cassette file.
     """
     name, argument = split_model(model)
-    kind = PROVIDERS[name]
+    kind = kinds()[name]
     if not kind.http:
         return kind.build()(argument)
+    api_key = os.environ.get(kind.key_env) if kind.key_env else None
+    if kind.base_url is not None and kind.key_env and not api_key:
+        raise BadRequestError(f"provider {name!r}: the variable {kind.key_env} is not set")
+    options: dict[str, Any] = {"headers": kind.headers} if kind.headers else {}
     return kind.build()(
         argument,
-        api_key=os.environ.get(kind.key_env) if kind.key_env else None,
-        base_url=base_url,
+        api_key=api_key,
+        base_url=base_url or kind.base_url,
         record=record,
         prices=default_prices(name),
+        **options,
     )
 
 
@@ -180,14 +241,14 @@ def http_kinds() -> tuple[str, ...]:
 
 def default_prices(name: str) -> PriceTable:
     """The prices known for a kind's models."""
-    return PriceTable(PROVIDERS[name].prices)
+    return PriceTable(kinds()[name].prices)
 
 
 def known_limits() -> dict[str, tuple[int, int]]:
     """Every model with published limits, by its full model string."""
     return {
         kind.prefix + model: limits
-        for kind in PROVIDERS.values()
+        for kind in kinds().values()
         for model, limits in kind.limits.items()
     }
 
