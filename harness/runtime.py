@@ -62,7 +62,7 @@ from harness.providers.table import named_providers
 from harness.secrets import refresh_secrets
 from harness.storage.ledger import Ledger
 from harness.storage.lock import LockHolder, hold_ledger
-from harness.tools.registry import tool_specs, tool_table
+from harness.tools.registry import builtin_tools, tool_specs, tool_table
 from harness.tools.sandbox import Sandbox
 
 log = structlog.get_logger("harness")
@@ -566,7 +566,7 @@ async def _open_harness(config: Config) -> AsyncIterator[Harness]:
     question = Question(ledger, interactive=config.interactive)
     # Config.tools: Python tools and "module:function" entries, checked before anything
     # starts (a bad one is a ConfigError naming it).
-    tools, tool_rules = tool_table(config.tools)
+    tools, tool_rules = tool_table(config.tools, builtins=builtin_tools())
     sandbox = Sandbox.open(
         config.sandbox,
         bwrap=config.sandbox_bwrap,

@@ -43,7 +43,9 @@ def builtin_tools() -> dict[str, Tool[Any]]:
 
 
 def tool_table(
-    entries: Iterable[object], where: str = "tools"
+    entries: Iterable[object],
+    where: str = "tools",
+    builtins: Mapping[str, Tool[Any]] | None = None,
 ) -> tuple[dict[str, Tool[Any]], tuple[Rule, ...]]:
     """The built-in tools with ``entries`` (``Config.tools``) added, and the default rules
     the added tools bring (``@harness.tool(permission="allow")``, at the defaults' layer).
@@ -52,7 +54,7 @@ def tool_table(
     takes the built-in's place; two added tools of one name are an error. Raises
     ``ToolDefinitionError`` naming the entry (``tools[2]: ...``).
     """
-    builtins = builtin_tools()
+    builtins = builtin_tools() if builtins is None else builtins
     table = dict(builtins)
     rules: list[Rule] = []
     added: set[str] = set()
