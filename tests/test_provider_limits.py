@@ -213,3 +213,51 @@ def test_limits_in_the_config_file_are_checked(
     limits = harness.config_overrides(settings)["provider_limits"]
     assert limits == {"mistral": ProviderLimits(max_concurrent=3, requests_per_minute=60)}
     assert math.isclose(60 / limits["mistral"].requests_per_minute, 1.0)
+
+
+async def test_the_daemon_shares_one_limiter_between_its_sessions(
+    tmp_path: Path, project: Path, socket_dir: Path
+) -> None:
+    import os
+    import sys
+
+    from test_client import start_daemon, stop
+
+    from harness.client import Client
+
+    config_file = tmp_path / "xdg" / "harness" / "config.toml"
+    config_file.parent.mkdir(parents=True)
+    config_file.write_text('model = "openai/m"\n[providers.openai]\nmax_concurrent = 1\n')
+    async with wire_server(responder=lambda request: answer("served", delay=0.4)) as server:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
+        env.update(
+            HARNESS_HOME=str(tmp_path / "home"),
+            HARNESS_SOCKET=str(socket_dir / "h.sock"),
+            HARNESS_BASE_URL=server.url,
+            XDG_CONFIG_HOME=str(tmp_path / "xdg"),
+        )
+        daemon = await trio.to_thread.run_sync(start_daemon, env, tmp_path / "daemon.log")
+        try:
+            done: list[Any] = []
+
+            async def run() -> None:
+                command = [sys.executable, "-m", "harness", "run", "--dir", str(project), "hi"]
+                done.append(
+                    await trio.run_process(
+                        command, env=env, capture_stdout=True, capture_stderr=True, check=False
+                    )
+                )
+
+            with trio.fail_after(60):
+                async with trio.open_nursery() as nursery:
+                    for _ in range(3):
+                        nursery.start_soon(run)
+            sessions = Client(socket_dir / "h.sock").sessions()
+        finally:
+            assert await trio.to_thread.run_sync(stop, daemon) == 0
+    assert [(p.returncode, p.stdout.decode().strip()) for p in done] == [(0, "served")] * 3, [
+        p.stderr.decode() for p in done
+    ]
+    assert len(sessions) == 3, "all three ran in the daemon"
+    assert len(server.arrivals) == 3
+    assert server.max_in_flight == 1

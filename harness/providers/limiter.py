@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, aclosing, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,9 +81,12 @@ class ProviderLimiter:
         # A hold is waited out visibly before queueing for a slot: a session behind the
         # slots' holders shows the shared reason too, not just "busy".
         await self._admit(on_wait, pace=False)
-        async with AsyncExitStack() as stack:
-            if self._slots is not None:
-                await stack.enter_async_context(self._slots)
+        # Borrowed by a token, not by the task: one task may hold two requests (a title
+        # asked while a step streams), which a task-owned slot would refuse.
+        token = object()
+        if self._slots is not None:
+            await self._slots.acquire_on_behalf_of(token)
+        try:
             async with self._admission:
                 await self._admit(on_wait)
             self.in_flight += 1
@@ -91,6 +94,9 @@ class ProviderLimiter:
                 yield
             finally:
                 self.in_flight -= 1
+        finally:
+            if self._slots is not None:
+                self._slots.release_on_behalf_of(token)
 
     async def _admit(self, on_wait: OnWait | None, *, pace: bool = True) -> None:
         """Sleep out the hold and (``pace``) the pace; then take the next start time."""
