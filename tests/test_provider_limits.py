@@ -261,3 +261,20 @@ async def test_the_daemon_shares_one_limiter_between_its_sessions(
     assert len(sessions) == 3, "all three ran in the daemon"
     assert len(server.arrivals) == 3
     assert server.max_in_flight == 1
+
+
+def test_a_shared_wait_reads_as_one_on_the_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    import time
+
+    from harness.commands.display import Display
+
+    display = Display("ses_x", json_mode=False)
+    reason = "openai (http://x/v1): every session waits: openai: HTTP 429: slow down"
+    now = time.time()
+    shared_wait = {"attempt": 0, "next": now + 2.4, "error": reason, "shared": True}
+    display.show(Event(None, now, "session.retry", "ses_x", shared_wait))
+    own_retry = {"attempt": 1, "next": now + 2.4, "error": "x"}
+    display.show(Event(None, now, "session.retry", "ses_x", own_retry))
+    shared, own = capsys.readouterr().err.splitlines()
+    assert shared == f"… waiting for the provider, next request in 2s: {reason}"
+    assert own == "… provider error, retry 1 in 2s: x"
