@@ -187,7 +187,9 @@ async def test_requests_per_minute_of_a_built_in_provider_paces_every_session(
                         nursery.start_soon(h.run, session.id, "hi")
     gaps = [b - a for a, b in zip(server.arrivals, server.arrivals[1:], strict=False)]
     assert len(server.arrivals) == 5
-    assert min(gaps) >= 0.2 - 0.01, gaps
+    # Measured where the requests arrive: a little transit jitter is allowed per gap.
+    assert min(gaps) >= 0.2 - 0.05, gaps
+    assert server.arrivals[-1] - server.arrivals[0] >= 4 * 0.2 - 0.02, gaps
 
 
 def test_limits_in_the_config_file_are_checked(
