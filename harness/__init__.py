@@ -53,6 +53,8 @@ if TYPE_CHECKING:
     from harness.server import DaemonRunning, serve
     from harness.snapshots import RevertConflict, RevertResult, SessionBusy, SnapshotError
     from harness.storage.ledger import LedgerError
+    from harness.tools.base import ToolContext
+    from harness.tools.python_tool import ToolDefinitionError, tool
     from harness.trace import render_trace
 
 __all__ = [
@@ -75,6 +77,8 @@ __all__ = [
     "SessionBusy",
     "SnapshotError",
     "SocketPathError",
+    "ToolContext",
+    "ToolDefinitionError",
     "TurnResult",
     "UnknownAgentError",
     "config_from_files",
@@ -96,6 +100,7 @@ __all__ = [
     "render_trace",
     "resolve_model",
     "serve",
+    "tool",
     "usable_socket_path",
 ]
 
@@ -142,6 +147,10 @@ _WHERE = {
     "has_secrets": ("harness.secrets", "has_secrets"),
     "redact": ("harness.secrets", "redact"),
     "render_trace": ("harness.trace", "render_trace"),
+    # Python tools (DESIGN §12): ``@harness.tool`` and the context a tool may ask for.
+    "tool": ("harness.tools.python_tool", "tool"),
+    "ToolContext": ("harness.tools.base", "ToolContext"),
+    "ToolDefinitionError": ("harness.tools.python_tool", "ToolDefinitionError"),
 }
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from harness.messages.model import Rule
     from harness.providers.base import Provider
+    from harness.providers.limiter import ProviderLimits
     from harness.providers.table import ProviderKind
     from harness.tools.sandbox import SandboxMode
 
@@ -82,6 +83,13 @@ class Config:
     # Named providers (``[providers.NAME]`` of a configuration file): model strings
     # ``NAME/<model>`` for this harness only (harness/providers/table.py, named_providers).
     providers: Mapping[str, ProviderKind] = field(default_factory=dict)
+    # Python tools (DESIGN §12): ``@harness.tool`` functions, plain functions, or
+    # ``"package.module:function"`` strings, imported when the harness opens. A name a
+    # built-in tool has is an error unless the tool declares ``replaces=True``.
+    tools: Sequence[object] = ()
+    # Limits per provider name (``openai``, ``mistral``, a named one), each enforced by
+    # one limiter shared by every session of the harness (harness/providers/limiter.py).
+    provider_limits: Mapping[str, ProviderLimits] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.home = Path(self.home).expanduser()

@@ -16,7 +16,7 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -44,17 +44,25 @@ class ModelSpec(_Strict):
 class ProviderSpec(_Strict):
     """``[providers.NAME]``: model strings ``NAME/<model>`` served by a kind of API."""
 
-    kind: Literal["openai", "mistral"]
+    # Required, except in ``[providers.openai]`` / ``[providers.mistral]``, which hold the
+    # built-in providers' limits only (read_file checks).
+    kind: Literal["openai", "mistral"] | None = None
     base_url: str | None = None
     api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     headers: dict[str, str] = {}
     models: dict[str, ModelSpec] = {}
+    # One limiter per provider, shared by every session (harness/providers/limiter.py).
+    max_concurrent: int | None = Field(default=None, ge=1)
+    requests_per_minute: int | None = Field(default=None, ge=1)
 
 
 class Budget(_Strict):
     tokens: int | None = Field(default=None, gt=0)
     cost: float | None = Field(default=None, gt=0)
     time: float | None = Field(default=None, gt=0)
+
+
+_TOOL_ENTRY = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$"
 
 
 class ConfigFile(_Strict):
@@ -65,12 +73,17 @@ class ConfigFile(_Strict):
     budget: Budget | None = None
     providers: dict[str, ProviderSpec] = {}
     permission: dict[str, Action | dict[str, Action]] = {}
+    # Python tools (DESIGN §12): "package.module:function", imported at start-up.
+    tools: list[Annotated[str, Field(pattern=_TOOL_ENTRY)]] | None = None
 
 
 DEFAULTS: dict[str, Any] = {"model": DEFAULT_MODEL, "agent": "build", "sandbox": "workspace-write"}
 # Environment variables that set a file key (the others configure the process, §9).
 ENV_KEYS = {"HARNESS_MODEL": "model", "HARNESS_SANDBOX": "sandbox"}
 BUILTIN_PROVIDERS = ("mistral", "openai", "scripted", "replay")
+# Built-in providers a file may give limits to (``[providers.openai]``), and those keys.
+LIMITED_BUILTINS = ("mistral", "openai")
+LIMIT_KEYS = frozenset({"max_concurrent", "requests_per_minute"})
 
 
 @dataclass
@@ -138,10 +151,20 @@ def read_file(path: Path) -> ConfigFile:
         reason = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
         raise ConfigFileError(f"{path}: {key}: {reason}") from None
     for name in parsed.providers:
+        if name in LIMITED_BUILTINS:
+            extra = sorted(parsed.providers[name].model_fields_set - LIMIT_KEYS)
+            if extra:
+                raise ConfigFileError(
+                    f"{path}: providers.{name}.{extra[0]}: a built-in provider takes only "
+                    "max_concurrent and requests_per_minute here"
+                )
+            continue
         if name in BUILTIN_PROVIDERS or "/" in name or ":" in name:
             raise ConfigFileError(
                 f"{path}: providers.{name}: the name is built in or holds '/' or ':'"
             )
+        if parsed.providers[name].kind is None:
+            raise ConfigFileError(f"{path}: providers.{name}.kind: required: 'openai' or 'mistral'")
         if parsed.providers[name].kind == "mistral" and parsed.providers[name].headers:
             raise ConfigFileError(
                 f"{path}: providers.{name}.headers: not supported by kind mistral"
@@ -191,7 +214,9 @@ def read_project(directory: Path) -> tuple[Path, ConfigFile] | None:
 def daemon_cannot_apply(parsed: ConfigFile) -> list[str]:
     """Keys of a project file the daemon cannot honour per session: its providers, budget
     and sandbox are the daemon's own (from the global file, read at start)."""
-    return [key for key in ("providers", "budget", "sandbox") if getattr(parsed, key)]
+    keys = [key for key in ("providers", "budget", "sandbox") if getattr(parsed, key)]
+    # Python tools are imported into the daemon's process once, from its global file.
+    return [*keys, "tools"] if parsed.tools else keys
 
 
 def load_settings(
@@ -244,7 +269,37 @@ def provider_kinds(providers: Mapping[str, ProviderSpec]) -> dict[str, Any]:
             },
         )
         for name, spec in providers.items()
+        if spec.kind is not None  # [providers.openai]: the built-in's limits only
     }
+
+
+def provider_limits(providers: Mapping[str, ProviderSpec]) -> dict[str, Any]:
+    """The ``max_concurrent`` / ``requests_per_minute`` of each provider that sets one."""
+    from harness.providers.limiter import ProviderLimits
+
+    return {
+        name: ProviderLimits(spec.max_concurrent, spec.requests_per_minute)
+        for name, spec in providers.items()
+        if spec.max_concurrent is not None or spec.requests_per_minute is not None
+    }
+
+
+def load_tools(settings: Settings) -> list[Any]:
+    """The files' ``tools`` entries, imported and checked now: a bad one is a
+    ``ConfigFileError`` naming the file and the entry, before anything starts."""
+    entries = settings.get("tools") or []
+    if not entries:
+        return []
+    from harness.tools.python_tool import ToolDefinitionError, as_tool
+    from harness.tools.registry import tool_table
+
+    source = settings.sources.get("tools", "config")
+    try:
+        tools = [as_tool(entry, f"tools[{index}]") for index, entry in enumerate(entries)]
+        tool_table(tools)  # a clash with a built-in, or two of one name
+    except ToolDefinitionError as error:
+        raise ConfigFileError(f"{source}: {error}") from None
+    return tools
 
 
 def config_overrides(settings: Settings) -> dict[str, Any]:
@@ -268,6 +323,8 @@ def config_overrides(settings: Settings) -> dict[str, Any]:
         "providers": provider_kinds(settings.providers),
         "model_limits": limits,
         "secret_env": [s.api_key_env for s in settings.providers.values() if s.api_key_env],
+        "provider_limits": provider_limits(settings.providers),
+        "tools": load_tools(settings),
     }
 
 

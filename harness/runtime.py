@@ -57,11 +57,12 @@ from harness.messages.question import Answers, QuestionRequest
 from harness.messages.todo import Todo
 from harness.private import prepare_home
 from harness.providers import resolve_model, split_model
+from harness.providers.limiter import ProviderLimiters
 from harness.providers.table import named_providers
 from harness.secrets import refresh_secrets
 from harness.storage.ledger import Ledger
 from harness.storage.lock import LockHolder, hold_ledger
-from harness.tools.registry import builtin_tools, tool_specs
+from harness.tools.registry import builtin_tools, tool_specs, tool_table
 from harness.tools.sandbox import Sandbox
 
 log = structlog.get_logger("harness")
@@ -563,7 +564,9 @@ async def _open_harness(config: Config) -> AsyncIterator[Harness]:
     feed = EventFeed()
     permission = Permission(ledger, interactive=config.interactive, yes=config.yes)
     question = Question(ledger, interactive=config.interactive)
-    tools = builtin_tools()
+    # Config.tools: Python tools and "module:function" entries, checked before anything
+    # starts (a bad one is a ConfigError naming it).
+    tools, tool_rules = tool_table(config.tools, builtins=builtin_tools())
     sandbox = Sandbox.open(
         config.sandbox,
         bwrap=config.sandbox_bwrap,
@@ -586,6 +589,8 @@ async def _open_harness(config: Config) -> AsyncIterator[Harness]:
         tool_specs=tool_specs(tools),
         questions=question.mailbox,
         sandbox=sandbox,
+        tool_rules=tool_rules,
+        limiters=ProviderLimiters(config.provider_limits),
     )
     supervisor = Supervisor(services)
 

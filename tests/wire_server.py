@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,6 +62,12 @@ class WireServer:
     # Answer with keep-alive (as real APIs do) instead of closing after each response.
     keep_alive: bool = False
     connections: int = 0
+    # Builds each reply from its request instead of taking the next of ``replies`` (a
+    # server whose answer depends on the time, as a rate-limited one does).
+    responder: Callable[[Received], Reply] | None = None
+    arrivals: list[float] = field(default_factory=list)  # trio.current_time() per request
+    in_flight: int = 0  # requests read and not yet answered to the end
+    max_in_flight: int = 0
 
     @property
     def base(self) -> str:
@@ -125,7 +131,21 @@ class WireServer:
         except (trio.BrokenResourceError, h11.RemoteProtocolError):
             return False
         self.requests.append(received)
-        reply = self.replies.pop(0) if self.replies else Reply(status=500, body="no reply left")
+        self.arrivals.append(trio.current_time())
+        if self.responder is not None:
+            reply = self.responder(received)
+        elif self.replies:
+            reply = self.replies.pop(0)
+        else:
+            reply = Reply(status=500, body="no reply left")
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            return await self._reply(stream, conn, reply)
+        finally:
+            self.in_flight -= 1
+
+    async def _reply(self, stream: trio.SocketStream, conn: h11.Connection, reply: Reply) -> bool:
         if reply.delay:
             await trio.sleep(reply.delay)
         keep = self.keep_alive and not (reply.hang or reply.abort)
@@ -169,9 +189,13 @@ class WireServer:
 
 
 @asynccontextmanager
-async def wire_server(*replies: Reply, keep_alive: bool = False) -> AsyncIterator[WireServer]:
-    """Serve ``replies`` in order, one per request, on an ephemeral port."""
-    server = WireServer(replies=list(replies), keep_alive=keep_alive)
+async def wire_server(
+    *replies: Reply,
+    keep_alive: bool = False,
+    responder: Callable[[Received], Reply] | None = None,
+) -> AsyncIterator[WireServer]:
+    """Serve ``replies`` in order, one per request (or ``responder``'s), on an ephemeral port."""
+    server = WireServer(replies=list(replies), keep_alive=keep_alive, responder=responder)
     failure: Exception | None = None
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(

@@ -19,6 +19,8 @@ from harness.messages.mailbox import FeedMessage, PermissionMessage, QuestionMes
 from harness.messages.model import Rule, Session
 from harness.messages.provider import ToolSpec
 from harness.permissions.ruleset import DEFAULT_RULES, merge
+from harness.providers.limiter import ProviderLimiter, ProviderLimiters
+from harness.providers.table import kind_of
 from harness.storage.ledger import Ledger
 from harness.tools.base import Tool
 from harness.tools.sandbox import Sandbox
@@ -36,11 +38,25 @@ class SessionServices:
     tool_specs: Mapping[str, ToolSpec]
     questions: trio.MemorySendChannel[QuestionMessage]
     sandbox: Sandbox = field(default_factory=Sandbox)  # what tools' subprocesses run under
+    # The default actions Python tools declare (``@harness.tool(permission="allow")``):
+    # laid over the defaults, under every agent, config and session rule.
+    tool_rules: tuple[Rule, ...] = ()
+    # One limiter per provider and server, shared by every session of this harness.
+    limiters: ProviderLimiters = field(default_factory=ProviderLimiters)
+
+    def limiter_for(self, model: str, base_url: str | None) -> ProviderLimiter | None:
+        """The shared limiter of the server a session's model talks to; None for what
+        talks to no server (a script, a cassette)."""
+        kind = kind_of(model)
+        if kind is None or not kind.http:
+            return None
+        return self.limiters.of(kind.name, base_url or kind.base_url)
 
     def rules_of(self, session: Session) -> tuple[Rule, ...]:
         """A session's own merged ruleset: defaults < agent < config < session."""
         agent = get_agent(session.agent)
-        return tuple(merge(DEFAULT_RULES, agent.rules, self.config.rules, session.permission))
+        rules = (DEFAULT_RULES, self.tool_rules, agent.rules, self.config.rules, session.permission)
+        return tuple(merge(*rules))
 
 
 @dataclass(frozen=True, slots=True)

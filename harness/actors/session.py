@@ -52,6 +52,7 @@ from harness.messages.model import (
 from harness.providers import create_provider
 from harness.providers.base import Provider
 from harness.providers.errors import ProviderError
+from harness.providers.limiter import LimitedProvider
 from harness.providers.retry import RetryNotice
 from harness.storage.ledger import LedgerError
 
@@ -392,11 +393,16 @@ class SessionActor:
             self._provider = None
         if self._provider is None:
             factory = config.provider_factory
-            self._provider = (
+            provider = (
                 factory(session.model)
                 if factory is not None
                 else create_provider(session.model, base_url=base_url, record=config.record)
             )
+            # Every request of a server's sessions goes through one shared limiter.
+            limiter = self._services.limiter_for(session.model, base_url)
+            if limiter is not None:
+                provider = LimitedProvider(provider, limiter, self._on_retry)
+            self._provider = provider
             self._provider_for = (session.model, base_url)
         return self._provider
 
@@ -447,7 +453,12 @@ class SessionActor:
             time.time(),
             "session.retry",
             self.session_id,
-            {"attempt": notice.attempt, "next": notice.at, "error": notice.error},
+            {
+                "attempt": notice.attempt,
+                "next": notice.at,
+                "error": notice.error,
+                **({"shared": True} if notice.shared else {}),
+            },
         )
         await self._services.feed.send(Publish((event,)))
         log.warning("provider retry scheduled", attempt=notice.attempt, delay=notice.delay)

@@ -50,12 +50,12 @@ class Display:
             print(todo_lines(data.get("todos") or [], indent="  "), file=self._err, flush=True)
         elif event.type == "session.retry":
             wait = max(0.0, float(data.get("next", 0)) - time.time())
-            print(
-                f"… provider error, retry {data.get('attempt')} in {wait:.0f}s: "
-                f"{data.get('error')}",
-                file=self._err,
-                flush=True,
+            what = (
+                "waiting for the provider, next request"  # a shared hold, or the pace
+                if data.get("shared")
+                else f"provider error, retry {data.get('attempt')}"
             )
+            print(f"… {what} in {wait:.0f}s: {data.get('error')}", file=self._err, flush=True)
 
     def finish(self, event: Event | WireEvent) -> int:
         reason = event.data["reason"]

@@ -54,6 +54,9 @@ class RetryNotice:
     delay: float  # seconds until the next attempt
     at: float  # time.time() of the next attempt
     error: str
+    # A wait shared by every session of the provider (harness/providers/limiter.py): a
+    # hold after another session's 429, or the provider's pace, not this session's retry.
+    shared: bool = False
 
 
 OnRetry = Callable[[RetryNotice], Awaitable[None]]
