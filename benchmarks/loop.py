@@ -47,7 +47,8 @@ Start-up
     default level; nothing is changed to observe it). On the wire path it is launch → the
     server's clock when the request arrived (the same host clock), so request encoding,
     the SDK import and connecting are all inside it. ``harness --help``: wall time of the
-    whole process, median of 10.
+    whole process, median of 10. harness's bytecode is written first (``compile_harness``),
+    as an install does, so no measured process compiles harness from source.
 
 Memory
     Peak RSS (``ru_maxrss`` from ``os.wait4`` on that very child) of a 20-step
