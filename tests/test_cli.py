@@ -236,3 +236,36 @@ def test_show_request_prints_each_request_with_its_sources(tmp_path: Path, proje
     assert result.returncode == 0, result.stderr
     assert '"source": "environment"' in result.stderr
     assert "Use tabs." in result.stderr and "AGENTS.md" in result.stderr
+
+
+_COLLECTOR_PROBE = """
+import gc, sys
+import harness.commands.run as run
+seen = []
+real = run.resume_collector
+def resume():  # what the collector is doing when start-up hands over
+    seen.append(gc.isenabled())
+    real()
+run.resume_collector = resume
+try:
+    from harness.cli import main
+    main(sys.argv[1:])
+except SystemExit as done:
+    print(done.code, seen[:1], gc.isenabled(), gc.get_freeze_count() > 1000)
+"""
+
+
+def test_run_starts_up_without_the_collector_and_turns_it_back_on(
+    tmp_path: Path, project: Path
+) -> None:
+    model = _script(tmp_path, [{"text": "hello"}])
+    arguments = ["run", "--model", model, "--dir", str(project), "hi"]
+    done = subprocess.run(
+        [sys.executable, "-c", _COLLECTOR_PROBE, *arguments],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path),
+        timeout=60,
+    )
+    # Off while start-up imports and sets up; on (start-up's objects frozen) for the turn.
+    assert done.stdout.split()[-4:] == ["0", "[False]", "True", "True"], done.stderr

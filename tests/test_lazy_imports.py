@@ -113,3 +113,13 @@ def test_the_bash_parser_is_imported_only_when_a_command_is_checked(
     bash.write_text(json.dumps([{"tool_calls": [call]}, {"text": "ok"}]))
     run = ["run", "--embedded", "--yes", "--model", f"scripted:{bash}", "--dir", str(project), "hi"]
     assert _imports(tmp_path, *run, watched=parser) == list(parser)
+
+
+def test_the_toml_parser_is_imported_only_when_there_is_a_config_file(
+    tmp_path: Path, project: Path
+) -> None:
+    run = ["run", "--model", _script(tmp_path), "--dir", str(project), "--yes", "hi"]
+    assert _imports(tmp_path, *run, watched=("tomllib",)) == []
+    (project / ".harness").mkdir(exist_ok=True)
+    (project / ".harness" / "config.toml").write_text("max_steps = 5\n")
+    assert _imports(tmp_path, *run, watched=("tomllib",)) == ["tomllib"]

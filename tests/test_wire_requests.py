@@ -204,7 +204,27 @@ print("ok")
 """
 
 
-@pytest.mark.parametrize("probe", [_AFTERWARDS, _BEFORE], ids=["sdk-after", "sdk-before"])
+_DEFERRED = """
+import sys
+import harness.providers.mistral as ours
+assert "mistralai.client.models" not in sys.modules, "the models' stand-in was left behind"
+assert "httpx2" not in sys.modules, "the SDK's HTTP library was imported"
+serializers = sys.modules["mistralai.client.utils.serializers"]
+import httpx2  # the real package, as anyone would get it
+assert httpx2.__file__ and httpx2.Response.__module__.startswith("httpx2")
+assert serializers.httpx.Response is httpx2.Response  # the proxy reaches the real one
+assert serializers.stream_to_text(httpx2.Response(200, content=b"hi")) == "hi"
+import mistralai.client.models as models
+# The package body skipped at first runs now: its eagerly built models work.
+assert models.And.model_validate({"matches": [{"field": "a", "value": 1, "type": "equal"}]})
+assert models.UserMessage is ours.UserMessage
+print("ok")
+"""
+
+
+@pytest.mark.parametrize(
+    "probe", [_AFTERWARDS, _BEFORE, _DEFERRED], ids=["sdk-after", "sdk-before", "deferred"]
+)
 def test_the_provider_loads_only_the_sdk_models_and_the_full_sdk_still_works(probe: str) -> None:
     result = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120

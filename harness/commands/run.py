@@ -18,6 +18,8 @@ from harness.commands.base import (
     UsageError,
     client,
     error_line,
+    pause_collector,
+    resume_collector,
 )
 
 if TYPE_CHECKING:
@@ -102,6 +104,14 @@ def _prompt_text(args: argparse.Namespace) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
+    pause_collector()  # until the prompt is in (see there): ~50 ms of start-up
+    try:
+        return _start(args)
+    finally:
+        resume_collector()
+
+
+def _start(args: argparse.Namespace) -> int:
     if args.max_steps is not None and args.max_steps < 1:
         raise UsageError("--max-steps must be at least 1")
     for flag in ("budget_tokens", "budget_cost", "budget_time"):
@@ -246,6 +256,7 @@ async def _run_embedded(
             except (HarnessError, UnknownAgentError, ProviderError) as error:
                 raise UsageError(str(error)) from error
             view = Display(session.id, json_mode=args.json)
+            resume_collector()  # start-up is over: what the turn makes is collected
             async with h.subscribe(session.id) as events, trio.open_nursery() as nursery:
                 message_id = await h.prompt(session.id, text, max_steps=args.max_steps)
                 # Asks the terminal cannot take, and --yes, are the harness's (Config).
@@ -303,6 +314,7 @@ def _run_via_daemon(
     from harness.commands.display import Display
     from harness.commands.follow import ClientReplies, TurnFollower
 
+    resume_collector()  # this process only follows the daemon from here
     base_url = args.base_url or os.environ.get("HARNESS_BASE_URL") or None
     try:
         if args.session:

@@ -48,21 +48,20 @@ from harness.providers.table import default_prices
 from harness.providers.wire import SystemText, WireCache, WireMessage, system_text
 
 with models_without_the_client():  # the models only: not the SDK's client (see there)
-    from mistralai.client.models import (
-        AssistantMessage,
-        ChatCompletionStreamRequest,
-        CompletionChunk,
-        Function,
-        FunctionCall,
-        SystemMessage,
-        TextChunk,
-        ThinkChunk,
-        Tool,
-        ToolCall,
-        ToolMessage,
-        UsageInfo,
-        UserMessage,
-    )
+    # Each from the module that defines it: the models package's own body is not needed.
+    from mistralai.client.models.assistantmessage import AssistantMessage
+    from mistralai.client.models.chatcompletionstreamrequest import ChatCompletionStreamRequest
+    from mistralai.client.models.completionchunk import CompletionChunk
+    from mistralai.client.models.function import Function
+    from mistralai.client.models.functioncall import FunctionCall
+    from mistralai.client.models.systemmessage import SystemMessage
+    from mistralai.client.models.textchunk import TextChunk
+    from mistralai.client.models.thinkchunk import ThinkChunk
+    from mistralai.client.models.tool import Tool
+    from mistralai.client.models.toolcall import ToolCall
+    from mistralai.client.models.toolmessage import ToolMessage
+    from mistralai.client.models.usageinfo import UsageInfo
+    from mistralai.client.models.usermessage import UserMessage
     from mistralai.client.types import UNSET
 
 DEFAULT_BASE_URL = "https://api.mistral.ai"
