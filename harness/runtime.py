@@ -33,6 +33,7 @@ from harness.actors.event_feed import EventFeed, overflow_event, subscription
 from harness.actors.new_session import new_session, record_session
 from harness.actors.permission import Permission
 from harness.actors.question import Question
+from harness.actors.recovery import reap_mcp_servers
 from harness.actors.services import SessionServices
 from harness.actors.supervisor import Supervisor
 from harness.agents import get_agent
@@ -577,6 +578,17 @@ async def _open_harness(config: Config) -> AsyncIterator[Harness]:
             reason=sandbox.unavailable,
             notice=sandbox.notice,
         )
+    hub = None
+    if config.mcp_servers:
+        from harness.actors.mcp_client import McpHub  # the SDK, only when a server is set
+
+        hub = McpHub(
+            config.mcp_servers,
+            ledger=ledger,
+            home=config.home,
+            search_threshold=config.mcp_search_threshold,
+            reserved=frozenset(tools),
+        )
     services = SessionServices(
         config=config,
         ledger=ledger,
@@ -586,8 +598,14 @@ async def _open_harness(config: Config) -> AsyncIterator[Harness]:
         tool_specs=tool_specs(tools),
         questions=question.mailbox,
         sandbox=sandbox,
+        mcp=hub,
     )
     supervisor = Supervisor(services)
+    # Before any session runs: MCP servers a dead harness left behind (an indexed read of
+    # a few rows; the SDK is not imported for it).
+    reaped = reap_mcp_servers(ledger)
+    if reaped:
+        ledger.post(reaped)
 
     # The writer and the feed are shielded: when a caller's scope cancels the whole block
     # (a daemon's SIGTERM), the sessions' shielded cleanup writes must still find them.
@@ -611,6 +629,8 @@ async def _open_harness(config: Config) -> AsyncIterator[Harness]:
                 async with trio.open_nursery() as inner:
                     await inner.start(permission.run)
                     await inner.start(question.run)
+                    if hub is not None:
+                        await inner.start(hub.run)
                     await inner.start(supervisor.run)
                     harness = Harness(
                         config, ledger, feed.mailbox, permission, supervisor, question, sandbox

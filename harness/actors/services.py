@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -23,6 +23,9 @@ from harness.storage.ledger import Ledger
 from harness.tools.base import Tool
 from harness.tools.sandbox import Sandbox
 
+if TYPE_CHECKING:
+    from harness.actors.mcp_client import McpHub
+
 
 @dataclass(frozen=True, slots=True)
 class SessionServices:
@@ -36,11 +39,15 @@ class SessionServices:
     tool_specs: Mapping[str, ToolSpec]
     questions: trio.MemorySendChannel[QuestionMessage]
     sandbox: Sandbox = field(default_factory=Sandbox)  # what tools' subprocesses run under
+    mcp: McpHub | None = None  # the MCP servers (DESIGN §12); None when none is configured
 
     def rules_of(self, session: Session) -> tuple[Rule, ...]:
         """A session's own merged ruleset: defaults < agent < config < session."""
         agent = get_agent(session.agent)
-        return tuple(merge(DEFAULT_RULES, agent.rules, self.config.rules, session.permission))
+        mcp = self.mcp.default_rules(agent.name) if self.mcp is not None else ()
+        return tuple(
+            merge(DEFAULT_RULES, agent.rules, mcp, self.config.rules, session.permission)
+        )
 
 
 @dataclass(frozen=True, slots=True)
