@@ -38,6 +38,11 @@ PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 60).decode()
 READ_ONLY = ToolAnnotations(read_only_hint=True)
 
 
+def _mark(path: str, line: str) -> None:
+    with open(path, "a") as handle:
+        handle.write(line + "\n")
+
+
 def basic() -> MCPServer:
     server = MCPServer("basic")
 
@@ -54,18 +59,21 @@ def basic() -> MCPServer:
 
     @server.tool(annotations=ToolAnnotations(idempotent_hint=True))
     async def slow(seconds: float, marker: str = "") -> str:
-        """Sleep, then answer (records each start in the marker file)."""
+        """Sleep, then answer (records each start, and a cancel, in the marker file)."""
         if marker:
-            with open(marker, "a") as handle:
-                handle.write("started\n")
-        await anyio.sleep(seconds)
+            _mark(marker, "started")
+        try:
+            await anyio.sleep(seconds)
+        except anyio.get_cancelled_exc_class():
+            if marker:
+                _mark(marker, "cancelled")
+            raise
         return f"slept {seconds}"
 
     @server.tool()
     async def slow_write(seconds: float, marker: str) -> str:
         """Like slow, but not idempotent: a restart must not run it again."""
-        with open(marker, "a") as handle:
-            handle.write("started\n")
+        _mark(marker, "started")
         await anyio.sleep(seconds)
         return "done"
 
@@ -177,12 +185,14 @@ def stubborn() -> MCPServer:
 
 
 def main() -> None:
-    kind = sys.argv[1]
+    # ``--marker=...`` only makes the command line findable in /proc by the tests.
+    args = [a for a in sys.argv[1:] if not a.startswith("--marker=")]
+    kind = args[0]
     if kind == "broken":
         print("broken server: missing configuration FOO", file=sys.stderr)
         sys.exit(3)
     if kind == "slow_start":
-        time.sleep(float(sys.argv[2]))
+        time.sleep(float(args[1]))
         kind = "basic"
     servers = {"basic": basic, "bad_schema": bad_schema, "list_changed": list_changed}
     servers["stubborn"] = stubborn

@@ -338,6 +338,9 @@ class McpClient:
             cursor = raw.get("nextCursor")
             if not isinstance(cursor, str) or not cursor:
                 break
+        # What the SDK keeps of a listing (output schemas for checking results): without
+        # it, every call would list the tools again and fail the same way.
+        session._absorb_tool_listing(mt.ListToolsResult(tools=tools), complete=True)
         return tools, bad
 
     def _take_tools(self, listed: Sequence[mt.Tool], bad: Sequence[tuple[str, str]] = ()) -> None:

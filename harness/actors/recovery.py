@@ -76,6 +76,7 @@ def close_open_work(
     reason: str,
     *,
     rerun: frozenset[str] = frozenset(),
+    rerun_idempotent_mcp: bool = False,
 ) -> list[NewEvent]:
     """Events that close what a stopped turn left open.
 
@@ -93,7 +94,7 @@ def close_open_work(
     unfinished = {m.id for m in ledger.assistant_messages(session_id, unfinished_or_in=set())}
     for part in ledger.open_tool_parts(session_id):
         state = part.state
-        repeat = part.tool in rerun or _rerunnable_mcp(part)
+        repeat = part.tool in rerun or (rerun_idempotent_mcp and _rerunnable_mcp(part))
         if repeat and part.message_id not in unfinished:
             again = part.model_copy(update={"state": ToolPending(input=state.input)})
             events.append(NewEvent.of("part.updated", session_id, again))
@@ -161,7 +162,9 @@ def resume_events(
     nothing was lost the model gets exactly the request it was answering. The ledger alone
     records that the turn was resumed.
     """
-    events = close_open_work(ledger, session_id, RESTARTED, rerun=rerun)
+    events = close_open_work(
+        ledger, session_id, RESTARTED, rerun=rerun, rerun_idempotent_mcp=True
+    )
     resumed = {"message_id": message_id, "resumes": resumes + 1}
     events.append(NewEvent("turn.resumed", session_id, resumed))
     return events

@@ -54,7 +54,8 @@ def result_text(result: mt.CallToolResult) -> str:
     structured = result.structured_content
     # A server is asked to send the same value as text too, and many wrap their text in
     # {"result": ...} besides: shown only when no text block came with it.
-    if structured is not None and not any(isinstance(b, mt.TextContent) for b in result.content):
+    texts_given = any(isinstance(b, mt.TextContent | mt.EmbeddedResource) for b in result.content)
+    if structured is not None and not texts_given:
         texts.append("structured content:\n" + json.dumps(structured, indent=2, default=str))
     return "\n".join(texts) if texts else "(the tool returned no content)"
 

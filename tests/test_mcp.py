@@ -1,0 +1,560 @@
+"""MCP servers (issue 16, DESIGN §12), against real servers in real processes.
+
+Servers nobody here wrote: ``@modelcontextprotocol/server-everything`` from npm (installed
+by .ci/run into .ci/node, run with node) and ``mcp-server-time`` from PyPI. Servers for each
+fault are written with the SDK in tests/mcp_servers.py (and by hand in
+tests/mcp_raw_server.py). After every harness exits, /proc shows none of the servers the
+test started: each server's command line carries a marker unique to the test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from procs import live_processes
+
+from harness.config import Config
+from harness.config_files import ConfigFileError, config_overrides, load_settings
+from harness.mcp.naming import MAX_NAME, tool_name
+from harness.mcp.schemas import schema_problem
+from harness.mcp.spec import McpServerSpec, MissingVariable, expand
+from harness.messages.events import Event
+from harness.messages.model import Rule, ToolCompleted, ToolError, ToolPart
+from harness.providers.scripted import ScriptedProvider
+from harness.runtime import Harness, open_harness
+
+TESTS = Path(__file__).resolve().parent
+SERVERS = TESTS / "mcp_servers.py"
+RAW_SERVER = TESTS / "mcp_raw_server.py"
+EVERYTHING = (
+    TESTS.parent
+    / ".ci/node/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
+)
+
+
+@pytest.fixture
+def everything() -> Path:
+    """The reference server's entry point; skipped only outside CI (where .ci/run did not
+    install it), a failure under CI=true."""
+    if not EVERYTHING.is_file():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"server-everything is not installed at {EVERYTHING} (.ci/run)")
+        pytest.skip("server-everything not installed: run the npm step of .ci/run")
+    return EVERYTHING
+
+
+@pytest.fixture
+def marker() -> Iterator[str]:
+    """Put on each server's command line; nothing holding it may outlive the test."""
+    mark = f"mcpt-{uuid.uuid4().hex[:12]}"
+    yield mark
+    deadline = time.monotonic() + 5
+    while live_processes(mark) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert live_processes(mark) == {}, "an MCP server outlived its harness"
+
+
+def server(kind: str, marker: str, *args: str, **spec: Any) -> McpServerSpec:
+    return McpServerSpec(
+        command=[sys.executable, str(SERVERS), kind, *args, f"--marker={marker}"], **spec
+    )
+
+
+def call(name: str, **arguments: Any) -> dict[str, Any]:
+    return {"tool_calls": [{"name": name, "arguments": arguments}]}
+
+
+@asynccontextmanager
+async def harness(
+    tmp_path: Path, turns: list[dict[str, Any]], servers: dict[str, McpServerSpec], **config: Any
+) -> AsyncIterator[tuple[Harness, ScriptedProvider]]:
+    provider = ScriptedProvider.from_turns(turns, record=True)
+    settings: dict[str, Any] = {
+        "home": tmp_path / "home",
+        "model": "scripted:test",
+        "provider_factory": lambda model: provider,
+        "interactive": False,
+        "log_file": tmp_path / "home" / "logs" / "test.jsonl",
+        "mcp_servers": servers,
+        **config,
+    }
+    async with open_harness(Config(**settings)) as h:
+        yield h, provider
+
+
+def events(h: Harness, prefix: str = "mcp.") -> list[Event]:
+    return [e for e in h.ledger.events_after(0, limit=100_000) if e.type.startswith(prefix)]
+
+
+def parts(h: Harness, session_id: str) -> list[ToolPart]:
+    return [p for m in h.ledger.messages(session_id) for p in m.parts if isinstance(p, ToolPart)]
+
+
+def output(part: ToolPart) -> str:
+    state = part.state
+    if isinstance(state, ToolCompleted):
+        return state.output
+    assert isinstance(state, ToolError), state
+    return "ERROR: " + state.error
+
+
+def offered(provider: ScriptedProvider, request: int) -> list[str]:
+    return [spec.name for spec in provider.requests[request].tools]
+
+
+async def run(h: Harness, project: Path, prompt: str = "go", **session: Any) -> str:
+    created = await h.create_session(project, **session)
+    with trio.fail_after(60):
+        await h.run(created.id, prompt)
+    return created.id
+
+
+# --- names, config, schemas ----------------------------------------------------------------
+
+
+def test_tool_names_are_safe_short_and_stable() -> None:
+    assert tool_name("github", "create_issue") == "github_create_issue"
+    assert tool_name("ev", "get-tiny.image/x") == "ev_get-tiny_image_x"
+    long_a, long_b = tool_name("srv", "a" * 100), tool_name("srv", "a" * 99 + "b")
+    assert len(long_a) == len(long_b) == MAX_NAME
+    assert long_a != long_b and long_a[:40] == long_b[:40]
+    assert long_a == tool_name("srv", "a" * 100)  # rules and approvals are stored by it
+
+
+def test_mcp_config_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(
+        "mcp_search_threshold = 500\n"
+        '[mcp.github]\ncommand = ["npx", "-y", "server-github"]\n'
+        'env = { GITHUB_TOKEN = "${GITHUB_TOKEN}" }\nstartup_timeout = 60\n'
+        '[mcp.docs]\nurl = "https://docs.internal/mcp"\n'
+        'headers = { Authorization = "Bearer ${DOCS_TOKEN}" }\nenabled = false\n'
+    )
+    monkeypatch.setenv("HARNESS_CONFIG", str(config))
+    values = config_overrides(load_settings(tmp_path, project=False))
+    github, docs = values["mcp_servers"]["github"], values["mcp_servers"]["docs"]
+    assert github.transport == "stdio" and github.startup_timeout == 60 and github.timeout == 120
+    assert docs.transport == "http" and not docs.enabled and docs.startup_timeout == 30
+    assert values["mcp_search_threshold"] == 500
+    # The variables a server's env and headers name are credentials: redacted, and kept
+    # from the commands tools run.
+    assert {"GITHUB_TOKEN", "DOCS_TOKEN"} <= set(values["secret_env"])
+    for bad, says in [
+        ('[mcp.x]\nurl = "https://a"\ncommand = ["a"]\n', "exactly one of command"),
+        ("[mcp.x]\nenabled = true\n", "exactly one of command"),
+        ('[mcp.x]\ncommand = ["a"]\ntimeout = 0\n', "mcp.x.timeout"),
+        ('[mcp.x]\ncommand = ["a"]\nheaders = { A = "b" }\n', "headers are for a url"),
+        ('[mcp."a b"]\ncommand = ["a"]\n', "mcp.a b"),
+        ('[mcp.x]\ncommand = ["a"]\nshell = true\n', "mcp.x.shell: unknown key"),
+    ]:
+        config.write_text(bad)
+        with pytest.raises(ConfigFileError, match=says):
+            load_settings(tmp_path, project=False)
+
+
+def test_variables_expand_from_the_environment() -> None:
+    assert expand({"A": "Bearer ${T}", "B": "plain"}, {"T": "tok"}) == {
+        "A": "Bearer tok",
+        "B": "plain",
+    }
+    with pytest.raises(MissingVariable, match=r"\$\{T\} is not set"):
+        expand({"A": "${T}"}, {})
+
+
+def test_schemas_a_provider_would_reject() -> None:
+    assert schema_problem({"type": "object", "properties": {"a": {"type": "string"}}}) is None
+    assert "not 'object'" in (schema_problem({"type": "string"}) or "")
+    assert "without 'items'" in (
+        schema_problem({"type": "object", "properties": {"xs": {"type": "array"}}}) or ""
+    )
+    assert "unknown type" in (
+        schema_problem({"type": "object", "properties": {"a": {"type": "str"}}}) or ""
+    )
+    assert schema_problem([1]) is not None
+    # A property named like a keyword is a property, not a keyword.
+    named = {"type": "object", "properties": {"type": {"type": "string"}, "items": {}}}
+    assert schema_problem(named) is None
+
+
+# --- real servers nobody here wrote -------------------------------------------------------
+
+
+async def test_the_reference_server_through_the_harness(
+    tmp_path: Path, project: Path, everything: Path
+) -> None:
+    turns = [
+        call("everything_echo", message="hello"),
+        call("everything_get-tiny-image"),
+        call("everything_get-structured-content", location="New York"),
+        {"text": "done"},
+    ]
+    servers = {"everything": McpServerSpec(command=["node", str(everything), "stdio"])}
+    async with harness(tmp_path, turns, servers) as (h, provider):
+        session = await run(h, project)
+        done = parts(h, session)
+        started = [e for e in events(h) if e.type == "mcp.started"]
+        pid = started[0].data["pid"]
+    assert output(done[0]) == "Echo: hello"
+    assert "[image: image/png, " in output(done[1]) and "bytes]" in output(done[1])
+    assert "temperature" in output(done[2])
+    assert started[0].data["tools"] >= 10 and started[0].data["schema_tokens"] > 0
+    assert "everything_echo" in offered(provider, 0)
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
+
+
+async def test_a_python_server_from_pypi(tmp_path: Path, project: Path) -> None:
+    turns = [call("time_get_current_time", timezone="UTC"), {"text": "done"}]
+    servers = {"time": McpServerSpec(command=[sys.executable, "-m", "mcp_server_time"])}
+    async with harness(tmp_path, turns, servers) as (h, _):
+        session = await run(h, project)
+        [part] = parts(h, session)
+    assert '"timezone": "UTC"' in output(part) or "UTC" in output(part)
+    assert isinstance(part.state, ToolCompleted)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_streamable_http_with_headers_from_the_environment(
+    tmp_path: Path, project: Path, everything: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = _free_port()
+    env = {**os.environ, "PORT": str(port)}
+    process = subprocess.Popen(  # noqa: ASYNC220 - started once, before any await
+        ["node", str(everything), "streamableHttp"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            await trio.sleep(0.1)
+        monkeypatch.setenv("DOCS_TOKEN", "tok-123456789")
+        url = f"http://127.0.0.1:{port}/mcp"
+        servers = {
+            "docs": McpServerSpec(url=url, headers={"Authorization": "Bearer ${DOCS_TOKEN}"}),
+            "nokey": McpServerSpec(url=url, headers={"Authorization": "Bearer ${NO_SUCH_VAR}"}),
+        }
+        turns = [call("docs_echo", message="over http"), {"text": "done"}]
+        async with harness(tmp_path, turns, servers) as (h, _):
+            session = await run(h, project)
+            [part] = parts(h, session)
+            failed = [e for e in events(h) if e.type == "mcp.failed"]
+        assert output(part) == "Echo: over http"
+        assert [e.data["server"] for e in failed] == ["nokey"]
+        assert "${NO_SUCH_VAR} is not set" in failed[0].data["reason"]
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+# --- permissions ------------------------------------------------------------------------------
+
+
+async def test_every_call_goes_through_the_gate_by_its_full_name(
+    tmp_path: Path, project: Path, marker: str
+) -> None:
+    note = project / "note.txt"
+    servers = {"basic": server("basic", marker)}
+    write = call("basic_note", path=str(note), text="hi")
+    # Nobody to ask: the default for a tool without readOnlyHint is ask, so it is refused.
+    async with harness(tmp_path, [write, {"text": "no"}], servers) as (h, _):
+        session = await run(h, project)
+        [part] = parts(h, session)
+    assert "rejected" in output(part) and not note.exists()
+    # A rule by the full name allows it (the config layer, as [permission] would).
+    allow = [Rule(permission="basic_note", pattern="*", action="allow")]
+    async with harness(tmp_path, [write, {"text": "ok"}], servers, rules=allow) as (h, _):
+        session = await run(h, project)
+        [part] = parts(h, session)
+    assert output(part) == "wrote 2 characters" and note.read_text() == "hi"
+    # readOnlyHint is allowed in build; a deny rule still wins over it.
+    echo = call("basic_echo", text="x")
+    deny = [Rule(permission="basic_echo", pattern="*", action="deny")]
+    async with harness(tmp_path, [echo, echo, {"text": "ok"}], servers) as (h, _):
+        session = await run(h, project)
+        assert output(parts(h, session)[0]) == "echo: x"
+    async with harness(tmp_path, [echo, {"text": "ok"}], servers, rules=deny) as (h, p):
+        session = await run(h, project)
+        [part] = parts(h, session)
+        assert "basic_echo" not in offered(p, 0)  # a blanket deny hides it
+    assert "denies" in output(part)
+
+
+async def test_the_plan_agent_denies_mcp_tools_that_are_not_read_only(
+    tmp_path: Path, project: Path, marker: str
+) -> None:
+    note = project / "note.txt"
+    turns = [
+        call("basic_echo", text="x"),
+        call("basic_note", path=str(note), text="hi"),
+        {"text": "ok"},
+    ]
+    async with harness(tmp_path, turns, {"basic": server("basic", marker)}) as (h, p):
+        session = await run(h, project, agent="plan")
+        done = parts(h, session)
+        tools = offered(p, 0)
+    assert output(done[0]) == "echo: x"
+    assert "denies" in output(done[1]) and not note.exists()
+    assert "basic_echo" in tools and "basic_note" not in tools
+
+
+# --- failures, timeouts, restarts -----------------------------------------------------------
+
+
+async def test_a_server_that_fails_to_start_is_an_event_and_the_turn_goes_on(
+    tmp_path: Path, project: Path, marker: str
+) -> None:
+    servers = {"broken": server("broken", marker), "basic": server("basic", marker)}
+    turns = [call("basic_echo", text="still here"), {"text": "done"}]
+    async with harness(tmp_path, turns, servers) as (h, _):
+        session = await run(h, project)
+        [part] = parts(h, session)
+        [failed] = [e for e in events(h) if e.type == "mcp.failed"]
+        status = {s.name: s for s in h_status(h)}
+    assert output(part) == "echo: still here"
+    assert failed.data["server"] == "broken" and failed.session_id == session
+    assert "exited with code 3" in failed.data["reason"]
+    assert "missing configuration FOO" in failed.data["reason"]
+    assert status["broken"].state == "failed" and "FOO" in (status["broken"].last_error or "")
+
+
+def h_status(h: Harness) -> list[Any]:
+    services = h._supervisor._services  # the hub of the harness under test
+    assert services.mcp is not None
+    return services.mcp.status()
+
+
+async def test_the_startup_timeout_is_honoured_and_said(
+    tmp_path: Path, project: Path, marker: str
+) -> None:
+    servers = {"late": server("slow_start", marker, "30", startup_timeout=0.5)}
+    started = time.monotonic()
+    async with harness(tmp_path, [{"text": "done"}], servers) as (h, _):
+        await run(h, project)
+        [failed] = [e for e in events(h) if e.type == "mcp.failed"]
+    assert failed.data["reason"] == "did not start within 0.5 s (startup_timeout)"
+    assert time.monotonic() - started < 15
+
+
+async def test_the_call_timeout_is_honoured_and_said(
+    tmp_path: Path, project: Path, marker: str
+) -> None:
+    servers = {"basic": server("basic", marker, timeout=0.5)}
+    turns = [call("basic_slow", seconds=30), call("basic_echo", text="after"), {"text": "ok"}]
+    allow = [Rule(permission="basic_slow", pattern="*", action="allow")]
+    async with harness(tmp_path, turns, servers, rules=allow) as (h, _):
+        started = time.monotonic()
+        session = await run(h, project)
+        took = time.monotonic() - started
+        slow, echo = parts(h, session)
+    assert "did not answer 'slow' within 0.5 s (its timeout)" in output(slow)
+    assert output(echo) == "echo: after"  # the server is still up
+    assert took < 10
+
+
+async def test_a_server_that_dies_is_an_event_a_clear_error_and_restarted_on_next_use(
+    tmp_path: Path, project: Path, marker: str
+) -> None:
+    servers = {"basic": server("basic", marker)}
+    turns = [call("basic_pid"), call("basic_crash"), call("basic_pid"), {"text": "ok"}]
+    allow = [Rule(permission="basic_crash", pattern="*", action="allow")]
+    async with harness(tmp_path, turns, servers, rules=allow) as (h, _):
+        session = await run(h, project)
+        first, crash, second = parts(h, session)
+        kinds = [(e.type, e.data.get("reason", "")) for e in events(h)]
+    assert "stopped during 'crash'" in output(crash) and "exited with code 7" in output(crash)
+    assert "started again on next use" in output(crash)
+    assert output(first).isdigit() and output(second).isdigit()
+    assert output(first) != output(second)
+    types = [kind for kind, _ in kinds]
+    assert types.count("mcp.started") == 2
+    assert ("mcp.exited", "exited with code 7") in kinds
+
+
+async def test_results_text_images_resources_structured_errors_huge(
+    tmp_path: Path, project: Path, marker: str
+) -> None:
+    names = ["image", "resource", "structured", "fail", "huge", "resources"]
+    turns = [
+        call("basic_image"),
+        call("basic_resource"),
+        call("basic_structured", city="Paris"),
+        call("basic_fail", why="no luck"),
+        call("basic_huge"),
+        call("basic_resources"),
+        call("basic_resources", uri="memo://one"),
+        {"text": "ok"},
+    ]
+    allow = [Rule(permission=f"basic_{n}", pattern="*", action="allow") for n in names]
+    async with harness(tmp_path, turns, {"basic": server("basic", marker)}, rules=allow) as (
+        h,
+        _,
+    ):
+        session = await run(h, project)
+        image, resource, structured, fail, huge, listing, read = parts(h, session)
+    assert output(image) == "a tiny image\n[image: image/png, 68 bytes]"
+    assert output(resource) == "[resource: memo://one (text/plain)]\nmemo text"
+    assert json.loads(output(structured)) == {"city": "Paris", "temperature": 21}
+    assert output(fail) == "ERROR: it failed: no luck"
+    assert isinstance(huge.state, ToolCompleted)
+    assert "truncated" in huge.state.output and len(huge.state.output) < 60_000
+    saved = tmp_path / "home" / "tool-output" / f"{huge.call_id}.txt"
+    assert saved.read_text().count("\n") == 5000
+    assert "memo://one (text/plain)" in output(listing)
+    assert output(read).endswith("memo text")
+
+
+async def test_bad_schemas_are_left_out_with_a_warning(
+    tmp_path: Path, project: Path, marker: str
+) -> None:
+    servers = {
+        "raw": McpServerSpec(command=[sys.executable, str(RAW_SERVER), f"--marker={marker}"]),
+        "bad": server("bad_schema", marker),
+    }
+    turns = [call("raw_good", x=21), {"text": "ok"}]
+    allow = [Rule(permission="raw_good", pattern="*", action="allow")]
+    async with harness(tmp_path, turns, servers, rules=allow) as (h, provider):
+        session = await run(h, project)
+        [part] = parts(h, session)
+        warnings = {(e.data["server"], e.data["tool"]) for e in events(h, "mcp.warning")}
+        tools = offered(provider, 0)
+    assert output(part) == "42"
+    assert warnings == {("raw", "stringly"), ("raw", "itemless"), ("bad", "bad")}
+    assert "raw_good" in tools and "bad_good" in tools
+    assert not {"raw_stringly", "raw_itemless", "bad_bad"} & set(tools)
+
+
+async def test_list_changed_refreshes_the_tools_at_the_next_step(
+    tmp_path: Path, project: Path, marker: str
+) -> None:
+    turns = [call("changing_grow"), call("changing_extra"), {"text": "ok"}]
+    allow = [Rule(permission="changing_*", pattern="*", action="allow")]
+    servers = {"changing": server("list_changed", marker)}
+    async with harness(tmp_path, turns, servers, rules=allow) as (h, provider):
+        session = await run(h, project)
+        grow, extra = parts(h, session)
+        first, second = offered(provider, 0), offered(provider, 1)
+    assert output(grow) == "grown" and output(extra) == "extra here"
+    assert "changing_extra" not in first and "changing_extra" in second
+
+
+async def test_tool_search_mode_past_the_threshold(
+    tmp_path: Path, project: Path, marker: str
+) -> None:
+    turns = [
+        call("mcp_search", query="say text back"),
+        call("basic_echo", text="found"),
+        {"text": "ok"},
+    ]
+    servers = {"basic": server("basic", marker)}
+    async with harness(tmp_path, turns, servers, mcp_search_threshold=100) as (h, provider):
+        session = await run(h, project)
+        search, echo = parts(h, session)
+        first, second = offered(provider, 0), offered(provider, 1)
+    assert "mcp_search" in first
+    assert [t for t in first if t.startswith("basic_")] == ["basic_resources"]
+    assert "basic_echo" in output(search) and '"text"' in output(search)
+    assert "basic_echo" in second
+    assert output(echo) == "echo: found"
+
+
+async def test_under_the_threshold_every_schema_is_offered(
+    tmp_path: Path, project: Path, marker: str
+) -> None:
+    async with harness(tmp_path, [{"text": "ok"}], {"basic": server("basic", marker)}) as (
+        h,
+        provider,
+    ):
+        await run(h, project)
+        tools = offered(provider, 0)
+    assert "mcp_search" not in tools and "basic_echo" in tools and "basic_huge" in tools
+
+
+# --- cancellation and processes -------------------------------------------------------------
+
+
+async def test_a_cancel_sends_notifications_cancelled_and_returns_at_once(
+    tmp_path: Path, project: Path, marker: str
+) -> None:
+    flag = tmp_path / "slow.log"
+    turns = [call("basic_slow", seconds=60, marker=str(flag)), {"text": "ok"}]
+    allow = [Rule(permission="basic_slow", pattern="*", action="allow")]
+    async with harness(tmp_path, turns, {"basic": server("basic", marker)}, rules=allow) as (
+        h,
+        _,
+    ):
+        created = await h.create_session(project)
+        await h.prompt(created.id, "go")
+        with trio.fail_after(30):
+            while not flag.exists():
+                await trio.sleep(0.02)
+        started = time.monotonic()
+        assert await h.cancel(created.id)
+        with trio.fail_after(10):
+            while h.session(created.id).status == "busy":
+                await trio.sleep(0.01)
+        took = time.monotonic() - started
+        with trio.fail_after(10):
+            while "cancelled" not in flag.read_text():
+                await trio.sleep(0.02)
+        [part] = parts(h, created.id)
+    assert took < 1.0
+    assert isinstance(part.state, ToolError) and "cancel" in part.state.error
+
+
+async def test_a_server_ignoring_sigterm_is_killed_with_its_group(
+    tmp_path: Path, project: Path, marker: str
+) -> None:
+    turns = [call("stubborn_pid"), {"text": "ok"}]
+    async with harness(tmp_path, turns, {"stubborn": server("stubborn", marker)}) as (h, _):
+        await run(h, project)
+        group = live_processes(marker)
+        assert len(group) == 2 and len(set(group.values())) == 1  # the server and its child
+        started = time.monotonic()
+    took = time.monotonic() - started
+    assert live_processes(marker) == {}
+    assert took < 5
+
+
+def test_no_sdk_import_without_a_server(tmp_path: Path, project: Path) -> None:
+    script = (
+        "import sys, trio\n"
+        "from harness.config import Config\n"
+        "from harness.providers.scripted import ScriptedProvider\n"
+        "from harness.runtime import open_harness\n"
+        "async def main():\n"
+        "    p = ScriptedProvider.from_turns([{'text': 'hi'}])\n"
+        f"    c = Config(home={str(tmp_path / 'h')!r}, model='scripted:x', interactive=False,"
+        " provider_factory=lambda m: p)\n"
+        "    async with open_harness(c) as h:\n"
+        f"        s = await h.create_session({str(project)!r})\n"
+        "        await h.run(s.id, 'go')\n"
+        "trio.run(main)\n"
+        "ours = ('mcp.', 'harness.mcp', 'harness.actors.mcp')\n"
+        "print(sorted(m for m in sys.modules if m == 'mcp' or m.startswith(ours)))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"
