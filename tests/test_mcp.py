@@ -558,3 +558,75 @@ def test_no_sdk_import_without_a_server(tmp_path: Path, project: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+# --- durability: kill -9 and a restart ------------------------------------------------------
+
+
+def _crash_mid_call(
+    tmp_path: Path, project: Path, servers: dict[str, McpServerSpec], turns: list[Any], flag: Path
+) -> str:
+    """Run a harness in a child process until the MCP call has started, then SIGKILL it."""
+    setup = {
+        "home": str(tmp_path / "home"),
+        "project": str(project),
+        "turns": turns,
+        "servers": {name: spec.model_dump() for name, spec in servers.items()},
+    }
+    child = subprocess.Popen(
+        [sys.executable, str(TESTS / "mcp_crash_child.py"), json.dumps(setup)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None
+    session_id = child.stdout.readline().strip()
+    deadline = time.monotonic() + 60
+    while not (flag.exists() and "started" in flag.read_text()):
+        assert time.monotonic() < deadline and child.poll() is None, "the call never started"
+        time.sleep(0.02)
+    child.kill()
+    child.wait(10)
+    return session_id
+
+
+async def test_kill_9_then_restart_reaps_the_servers_and_shows_the_call_interrupted(
+    tmp_path: Path, project: Path, marker: str
+) -> None:
+    flag = tmp_path / "write.log"
+    servers = {"basic": server("basic", marker), "stubborn": server("stubborn", marker)}
+    turns = [call("basic_slow_write", seconds=60, marker=str(flag)), {"text": "after"}]
+    session_id = _crash_mid_call(tmp_path, project, servers, turns, flag)
+    # Deaf to a closed stdin and to SIGTERM: still running with no harness.
+    left = live_processes(marker)
+    assert any("stubborn" in Path(f"/proc/{pid}/cmdline").read_text() for pid in left)
+    allow = [Rule(permission="*", pattern="*", action="allow")]
+    async with harness(tmp_path, turns, servers, rules=allow) as (h, _):
+        # Reaped at start, before any session runs.
+        assert not set(left) & set(live_processes(marker))
+        with trio.fail_after(60):
+            while h.session(session_id).status != "idle" or not h.ledger.messages(session_id):
+                await trio.sleep(0.05)
+            while not any(e.type == "turn.finished" for e in h.ledger.events_after(0)):
+                await trio.sleep(0.05)
+        [part] = parts(h, session_id)
+        reaped = [e for e in events(h) if e.type == "mcp.exited" and "reaped" in e.data["reason"]]
+    assert isinstance(part.state, ToolError) and "restart" in part.state.error
+    assert flag.read_text() == "started\n"  # not run again: it may have written already
+    assert {e.data["server"] for e in reaped} == {"basic", "stubborn"}
+
+
+async def test_an_idempotent_mcp_call_is_run_again_after_a_crash(
+    tmp_path: Path, project: Path, marker: str
+) -> None:
+    flag = tmp_path / "slow.log"
+    servers = {"basic": server("basic", marker)}
+    turns = [call("basic_slow", seconds=2, marker=str(flag)), {"text": "after"}]
+    session_id = _crash_mid_call(tmp_path, project, servers, turns, flag)
+    allow = [Rule(permission="*", pattern="*", action="allow")]
+    async with harness(tmp_path, turns, servers, rules=allow) as (h, _):
+        with trio.fail_after(60):
+            while not any(e.type == "turn.finished" for e in h.ledger.events_after(0)):
+                await trio.sleep(0.05)
+        [part] = parts(h, session_id)
+    assert output(part) == "slept 2.0"
+    assert flag.read_text().count("started") == 2
