@@ -630,3 +630,34 @@ async def test_an_idempotent_mcp_call_is_run_again_after_a_crash(
         [part] = parts(h, session_id)
     assert output(part) == "slept 2.0"
     assert flag.read_text().count("started") == 2
+
+
+# --- harness mcp ----------------------------------------------------------------------------
+
+
+def test_the_mcp_command_reports_each_server(tmp_path: Path, marker: str) -> None:
+    python = sys.executable
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'[mcp.basic]\ncommand = ["{python}", "{SERVERS}", "basic", "--marker={marker}"]\n'
+        f'[mcp.raw]\ncommand = ["{python}", "{RAW_SERVER}", "--marker={marker}"]\n'
+        '[mcp.gone]\ncommand = ["no-such-mcp-binary"]\n'
+        '[mcp.off]\nurl = "http://127.0.0.1:9/mcp"\nenabled = false\n'
+    )
+    env = {**os.environ, "HARNESS_CONFIG": str(config), "HARNESS_HOME": str(tmp_path / "h")}
+    command = [python, "-m", "harness", "mcp", "--dir", str(tmp_path)]
+    result = subprocess.run(
+        [*command, "--json"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    servers = {s["name"]: s for s in report["servers"]}
+    assert servers["basic"]["state"] == "running" and servers["basic"]["tools"] == 11
+    assert servers["basic"]["schema_tokens"] > 100 and servers["basic"]["prompts"] == ["review"]
+    assert servers["raw"]["tools"] == 1 and len(servers["raw"]["warnings"]) == 2
+    assert servers["gone"]["state"] == "failed"
+    assert "not found: no-such-mcp-binary" in servers["gone"]["last_error"]
+    assert servers["off"]["state"] == "disabled"
+    assert report["tool_search"] is False and report["search_threshold"] == 10_000
+    text = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120).stdout
+    assert "basic" in text and "prompts: review" in text and "tool search off" in text

@@ -585,3 +585,46 @@ class McpHub:
 
     def resources_spec(self) -> dict[str, Any]:
         return ResourcesParams.model_json_schema()
+
+
+def summary(hub: McpHub) -> dict[str, Any]:
+    """What ``harness mcp --json`` prints: each server, and whether tool search is on."""
+    return {
+        "servers": [status.to_dict() for status in hub.status()],
+        "schema_tokens": hub.schema_tokens(),
+        "search_threshold": hub.search_threshold,
+        "tool_search": hub.searching(),
+    }
+
+
+async def probe(
+    servers: Mapping[str, McpServerSpec],
+    *,
+    home: Path,
+    directory: Path,
+    search_threshold: int,
+) -> dict[str, Any]:
+    """Start every configured server once, as a session's first turn would, and report.
+
+    For ``harness mcp`` without a daemon: the servers' records go to a scratch ledger (the
+    real one may be held by a running harness), and every server is stopped before this
+    returns, its process group with it.
+    """
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="harness-mcp-") as scratch:
+        ledger = Ledger(Path(scratch) / "ledger.db")
+        hub = McpHub(servers, ledger=ledger, home=home, search_threshold=search_threshold)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(ledger.run_writer, None)
+                await nursery.start(hub.run)
+                await hub.prepare("", directory)
+                report = summary(hub)
+                for client in hub.clients.values():
+                    await client.stop()
+                ledger.close_writer()
+                nursery.cancel_scope.cancel()
+        finally:
+            ledger.close()
+    return report
