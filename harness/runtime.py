@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 import trio
@@ -64,6 +65,9 @@ from harness.storage.ledger import Ledger
 from harness.storage.lock import LockHolder, hold_ledger
 from harness.tools.registry import builtin_tools, tool_specs
 from harness.tools.sandbox import Sandbox
+
+if TYPE_CHECKING:
+    from harness.actors.mcp_client import McpHub
 
 log = structlog.get_logger("harness")
 
@@ -107,8 +111,10 @@ class Harness:
         supervisor: Supervisor,
         question: Question,
         sandbox: Sandbox | None = None,
+        mcp: McpHub | None = None,
     ) -> None:
         self.config = config
+        self._mcp = mcp
         self.sandbox = sandbox or Sandbox()  # what tools' subprocesses run under
         self.ledger = ledger
         self._feed = feed
@@ -313,6 +319,24 @@ class Harness:
         return await ask(
             self._supervisor.mailbox, lambda reply: CancelSession(session_id, reply)
         )
+
+    # --- MCP servers ------------------------------------------------------------------------
+
+    def mcp_status(self) -> dict[str, object]:
+        """This harness's MCP servers as they are now (``harness mcp --json``'s shape):
+        ``idle`` until a turn first starts them."""
+        hub = self._mcp
+        if hub is None:
+            threshold = self.config.mcp_search_threshold
+            return {
+                "servers": [],
+                "schema_tokens": 0,
+                "search_threshold": threshold,
+                "tool_search": False,
+            }
+        from harness.actors.mcp_client import summary
+
+        return summary(hub)
 
     # --- events -----------------------------------------------------------------------------
 
@@ -633,7 +657,7 @@ async def _open_harness(config: Config) -> AsyncIterator[Harness]:
                         await inner.start(hub.run)
                     await inner.start(supervisor.run)
                     harness = Harness(
-                        config, ledger, feed.mailbox, permission, supervisor, question, sandbox
+                        config, ledger, feed.mailbox, permission, supervisor, question, sandbox, hub
                     )
                     try:
                         yield harness

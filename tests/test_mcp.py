@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import trio
+from daemons import wait_for_daemon
 from procs import live_processes
 
 from harness.config import Config
@@ -661,3 +662,58 @@ def test_the_mcp_command_reports_each_server(tmp_path: Path, marker: str) -> Non
     assert report["tool_search"] is False and report["search_threshold"] == 10_000
     text = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120).stdout
     assert "basic" in text and "prompts: review" in text and "tool search off" in text
+
+
+def test_a_daemon_shares_its_servers_and_reports_them_live(
+    tmp_path: Path, project: Path, socket_dir: Path, marker: str
+) -> None:
+    python = sys.executable
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'[mcp.basic]\ncommand = ["{python}", "{SERVERS}", "basic", "--marker={marker}"]\n'
+        '[mcp.gone]\ncommand = ["no-such-mcp-binary"]\n'
+    )
+    socket_path = socket_dir / "h.sock"
+    env = {
+        **os.environ,
+        "HARNESS_CONFIG": str(config),
+        "HARNESS_HOME": str(tmp_path / "home"),
+        "HARNESS_SOCKET": str(socket_path),
+    }
+    turns = tmp_path / "turns.json"
+    turns.write_text(json.dumps([call("basic_pid"), {"text": "ok"}]))
+    log = tmp_path / "daemon.log"
+    with log.open("ab") as out:
+        daemon = subprocess.Popen([python, "-m", "harness", "serve"], stderr=out, env=env)
+    try:
+        client = wait_for_daemon(daemon, socket_path, log, 30)
+        before = {s["name"]: s["state"] for s in client.mcp()["servers"]}
+        assert before == {"basic": "idle", "gone": "idle"}  # lazily: no turn yet
+        pids = set()
+        for _ in range(2):  # two sessions, one server process
+            session = client.create_session(directory=str(project), model=f"scripted:{turns}")
+            client.prompt(session["id"], "go")
+            deadline = time.monotonic() + 60
+            while not any(
+                p.get("tool") == "basic_pid" and p["state"]["status"] == "completed"
+                for m in client.messages(session["id"])
+                for p in m["parts"]
+            ):
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.05)
+            pids |= {
+                p["state"]["output"]
+                for m in client.messages(session["id"])
+                for p in m["parts"]
+                if p.get("tool") == "basic_pid"
+            }
+        assert len(pids) == 1
+        command = [python, "-m", "harness", "mcp", "--json"]
+        result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+        servers = {s["name"]: s for s in json.loads(result.stdout)["servers"]}
+        assert servers["basic"]["state"] == "running" and servers["basic"]["tools"] == 11
+        assert servers["gone"]["state"] == "failed"
+        assert "no-such-mcp-binary" in servers["gone"]["last_error"]
+    finally:
+        daemon.terminate()
+        daemon.wait(30)

@@ -1,6 +1,9 @@
-"""``harness mcp [--dir DIR] [--json]``: the MCP servers configured for a directory, each
-started once as a session's first turn would start it (DESIGN §12): its state, its tool
-count, the tokens its schemas take, its last error, and its prompts."""
+"""``harness mcp [--dir DIR] [--json] [--probe]``: each MCP server, its state, its tool
+count, the tokens its schemas take, its last error, and its prompts (DESIGN §12).
+
+A running daemon answers with its servers as they are (their real last errors). Without
+one (or with ``--probe``), the servers configured for ``DIR`` are each started once, as a
+session's first turn would start them, and stopped again."""
 
 from __future__ import annotations
 
@@ -19,6 +22,11 @@ def register(commands: Any) -> None:
     mcp.set_defaults(handler=_mcp)
     mcp.add_argument("--dir", default=".", help="the directory a session would run in")
     mcp.add_argument("--json", action="store_true", help="print it as one JSON object")
+    mcp.add_argument(
+        "--probe",
+        action="store_true",
+        help="start the configured servers here even when a daemon answers",
+    )
 
 
 def _mcp(args: argparse.Namespace) -> int:
@@ -35,6 +43,12 @@ def _mcp(args: argparse.Namespace) -> int:
     directory = Path(args.dir).expanduser()
     if not directory.is_dir():
         raise UsageError(f"--dir {args.dir}: no such directory")
+    from harness.commands.base import from_daemon
+
+    if not args.probe:
+        live: dict[str, Any] | None = from_daemon(lambda client: client.mcp())
+        if live is not None:
+            return _print(live, args.json, "the daemon's servers (idle: no turn started them yet)")
     values = config_overrides(load_settings(directory))
     home = default_home()
     # The report says what failed; the details go to the log file, not into the output.
@@ -49,9 +63,15 @@ def _mcp(args: argparse.Namespace) -> int:
             search_threshold=10_000 if threshold is None else threshold,
         )
     )
-    if args.json:
+    return _print(report, args.json, None)
+
+
+def _print(report: dict[str, Any], as_json: bool, heading: str | None) -> int:
+    if as_json:
         print(json.dumps(report, indent=2))
         return 0
+    if heading and report["servers"]:
+        print(heading)
     if not report["servers"]:
         print("no MCP servers configured ([mcp.NAME] in config.toml; see docs/mcp.md)")
         return 0
@@ -66,7 +86,7 @@ def _mcp(args: argparse.Namespace) -> int:
             print(f"{'':<{width}}  prompts: {', '.join(server['prompts'])}")
         for warning in server["warnings"]:
             print(f"{'':<{width}}  warning: {warning}")
-    mode = "on" if report["tool_search"] else "off"
+    mode = "on" if report.get("tool_search") else "off"
     print(
         f"schemas: {report['schema_tokens']} tokens; tool search {mode} "
         f"(threshold {report['search_threshold']})"
