@@ -35,6 +35,7 @@ from harness.messages.events import Event
 from harness.messages.model import Rule, ToolCompleted, ToolError, ToolPart
 from harness.providers.scripted import ScriptedProvider
 from harness.runtime import Harness, open_harness
+from harness.storage.ledger import Ledger
 
 TESTS = Path(__file__).resolve().parent
 SERVERS = TESTS / "mcp_servers.py"
@@ -207,6 +208,12 @@ async def test_the_reference_server_through_the_harness(
         done = parts(h, session)
         started = [e for e in events(h) if e.type == "mcp.started"]
         pid = started[0].data["pid"]
+    # After a normal exit the ledger says the server stopped, and why.
+    ledger = Ledger(tmp_path / "home" / "ledger.db", read_only=True)
+    exited = [e for e in ledger.events_after(0) if e.type == "mcp.exited"]
+    ledger.close()
+    assert [e.data["reason"] for e in exited] == ["the harness stopped"]
+    assert exited[0].data["process"]["pgid"] == pid
     assert output(done[0]) == "Echo: hello"
     assert "[image: image/png, " in output(done[1]) and "bytes]" in output(done[1])
     assert "temperature" in output(done[2])
