@@ -727,3 +727,55 @@ def test_a_daemon_shares_its_servers_and_reports_them_live(
     finally:
         daemon.terminate()
         daemon.wait(30)
+
+
+def _http_everything(everything: Path, port: int) -> subprocess.Popen[bytes]:
+    process = subprocess.Popen(
+        ["node", str(everything), "streamableHttp"],
+        env={**os.environ, "PORT": str(port)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return process
+        time.sleep(0.05)
+    process.kill()
+    raise AssertionError("the HTTP server never listened")
+
+
+async def test_an_http_server_that_goes_away_is_reconnected_on_next_use(
+    tmp_path: Path, everything: Path, tool_context: Any
+) -> None:
+    from harness.actors.mcp_client import McpHub
+    from harness.tools.base import ToolFailure, parse_arguments
+
+    port = _free_port()
+    process = _http_everything(everything, port)
+    ledger = Ledger(tmp_path / "ledger.db")
+    spec = McpServerSpec(url=f"http://127.0.0.1:{port}/mcp", timeout=10)
+    hub = McpHub({"web": spec}, ledger=ledger, home=tmp_path, search_threshold=10_000)
+    ctx = tool_context(tmp_path)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ledger.run_writer, None)
+            await nursery.start(hub.run)
+            await hub.prepare("ses_x", tmp_path)
+            echo = hub.tools()["web_echo"]
+            args, _ = parse_arguments(echo.params, {"message": "one"})
+            assert (await echo.execute(args, ctx)).output == "Echo: one"
+            process.kill()
+            process.wait(10)
+            with pytest.raises(ToolFailure, match=r"stopped during 'echo'.*started again"):
+                await echo.execute(args, ctx)
+            assert hub.clients["web"].state == "exited"
+            process = _http_everything(everything, port)
+            assert (await echo.execute(args, ctx)).output == "Echo: one"
+            assert hub.clients["web"].state == "running"
+            nursery.cancel_scope.cancel()
+    finally:
+        process.kill()
+        process.wait(10)
+        ledger.close()
