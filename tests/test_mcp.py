@@ -779,3 +779,42 @@ async def test_an_http_server_that_goes_away_is_reconnected_on_next_use(
         process.kill()
         process.wait(10)
         ledger.close()
+
+
+def test_headers_are_sent_with_variables_expanded(
+    tmp_path: Path, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    seen: list[str | None] = []
+
+    class Refuse(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            seen.append(self.headers.get("Authorization"))
+            self.send_response(401)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    http = HTTPServer(("127.0.0.1", 0), Refuse)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    monkeypatch.setenv("DOCS_TOKEN", "tok-abcdefghijkl")
+    url = f"http://127.0.0.1:{http.server_port}/mcp"
+    servers = {"docs": McpServerSpec(url=url, headers={"Authorization": "Bearer ${DOCS_TOKEN}"})}
+
+    async def main() -> list[Event]:
+        async with harness(tmp_path, [{"text": "ok"}], servers) as (h, _):
+            await run(h, project)
+            return [e for e in events(h) if e.type == "mcp.failed"]
+
+    try:
+        failed = trio.run(main)
+    finally:
+        http.shutdown()
+    assert seen and seen[0] == "Bearer tok-abcdefghijkl"
+    assert failed and failed[0].data["server"] == "docs"
+    # The token is a credential: the ledger never holds it.
+    assert "tok-abcdefghijkl" not in json.dumps([e.data for e in failed])
