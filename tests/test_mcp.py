@@ -27,7 +27,13 @@ from daemons import wait_for_daemon
 from procs import live_processes
 
 from harness.config import Config
-from harness.config_files import ConfigFileError, config_overrides, load_settings
+from harness.config_files import (
+    ConfigFileError,
+    config_overrides,
+    daemon_cannot_apply,
+    load_settings,
+    read_file,
+)
 from harness.mcp.naming import MAX_NAME, tool_name
 from harness.mcp.schemas import schema_problem
 from harness.mcp.spec import McpServerSpec, MissingVariable, expand
@@ -153,6 +159,8 @@ def test_mcp_config_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     # The variables a server's env and headers name are credentials: redacted, and kept
     # from the commands tools run.
     assert {"GITHUB_TOKEN", "DOCS_TOKEN"} <= set(values["secret_env"])
+    # A daemon's servers are its own (from the global file): a project's are refused there.
+    assert daemon_cannot_apply(read_file(config)) == ["mcp", "mcp_search_threshold"]
     for bad, says in [
         ('[mcp.x]\nurl = "https://a"\ncommand = ["a"]\n', "exactly one of command"),
         ("[mcp.x]\nenabled = true\n", "exactly one of command"),
