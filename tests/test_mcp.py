@@ -296,7 +296,10 @@ async def test_every_call_goes_through_the_gate_by_its_full_name(
     async with harness(tmp_path, [write, {"text": "no"}], servers) as (h, _):
         session = await run(h, project)
         [part] = parts(h, session)
+        decided = [e.data for e in events(h, "permission.")]
     assert "rejected" in output(part) and not note.exists()
+    # What was asked shows what the call would do: its arguments.
+    assert any(d.get("pattern") == '{"path":"%s","text":"hi"}' % note for d in decided), decided
     # A rule by the full name allows it (the config layer, as [permission] would).
     allow = [Rule(permission="basic_note", pattern="*", action="allow")]
     async with harness(tmp_path, [write, {"text": "ok"}], servers, rules=allow) as (h, _):

@@ -24,6 +24,7 @@ from pydantic import ConfigDict, Field
 from harness.tools.base import PermissionNeed, Tool, ToolContext, ToolOutput, ToolParams
 
 SEARCH_TOOL = "mcp_search"
+MAX_SHOWN = 300  # characters of a call's arguments shown when permission is asked
 
 
 class McpServerHandle(Protocol):
@@ -71,8 +72,13 @@ class McpTool(Tool[McpArguments]):
     def permissions(self, args: McpArguments, ctx: ToolContext) -> list[PermissionNeed]:
         # By the full name, like every tool: a rule or "always" for ``github_create_issue``
         # covers exactly that tool (OpenCode #6892: MCP calls that no rule could reach).
+        # The pattern is the arguments, so whoever is asked sees what the call would do;
+        # "always" approves the tool whatever its arguments.
+        shown = json.dumps(args.arguments(), separators=(",", ":"), ensure_ascii=False)
+        if len(shown) > MAX_SHOWN:
+            shown = shown[: MAX_SHOWN - 1] + "…"
         metadata = {"server": self.info.server, "tool": self.info.remote}
-        return [PermissionNeed(self.name, "*", "*", metadata)]
+        return [PermissionNeed(self.name, shown, "*", metadata)]
 
     def title(self, args: McpArguments) -> str:
         return f"{self.info.server}: {self.info.remote}"
