@@ -299,7 +299,8 @@ async def test_every_call_goes_through_the_gate_by_its_full_name(
         decided = [e.data for e in events(h, "permission.")]
     assert "rejected" in output(part) and not note.exists()
     # What was asked shows what the call would do: its arguments.
-    assert any(d.get("pattern") == '{"path":"%s","text":"hi"}' % note for d in decided), decided
+    asked = json.dumps({"path": str(note), "text": "hi"}, separators=(",", ":"))
+    assert any(d.get("pattern") == asked for d in decided), decided
     # A rule by the full name allows it (the config layer, as [permission] would).
     allow = [Rule(permission="basic_note", pattern="*", action="allow")]
     async with harness(tmp_path, [write, {"text": "ok"}], servers, rules=allow) as (h, _):
