@@ -830,3 +830,33 @@ def test_headers_are_sent_with_variables_expanded(
     assert failed and failed[0].data["server"] == "docs"
     # The token is a credential: the ledger never holds it.
     assert "tok-abcdefghijkl" not in json.dumps([e.data for e in failed])
+
+
+def test_harness_run_says_when_a_server_fails(tmp_path: Path, project: Path, marker: str) -> None:
+    python = sys.executable
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'[mcp.broken]\ncommand = ["{python}", "{SERVERS}", "broken", "--marker={marker}"]\n'
+        f'[mcp.raw]\ncommand = ["{python}", "{RAW_SERVER}", "--marker={marker}"]\n'
+    )
+    turns = tmp_path / "turns.json"
+    turns.write_text(json.dumps([call("raw_good", x=2), {"text": "the answer"}]))
+    env = {
+        **os.environ,
+        "HARNESS_CONFIG": str(config),
+        "HARNESS_HOME": str(tmp_path / "home"),
+        "HARNESS_SOCKET": str(tmp_path / "no.sock"),
+    }
+    result = subprocess.run(
+        [python, "-m", "harness", "run", "--model", f"scripted:{turns}", "--yes", "go"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=project,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "the answer"
+    assert "! MCP server broken failed to start: exited with code 3" in result.stderr
+    assert "! MCP server raw: tool 'stringly'" in result.stderr
+    assert "✓ raw_good" in result.stderr
