@@ -126,6 +126,31 @@ async def through_turn(calls: int, home: Path) -> list[float]:
     return done
 
 
+async def stop_times(home: Path, runs: int) -> dict[str, list[float]]:
+    """How long stopping a server takes: one that exits when its stdin closes, and one that
+    ignores that and SIGTERM (tests/mcp_servers.py stubborn, with a child as deaf)."""
+    from harness.actors.mcp_client import McpHub
+    from harness.mcp.spec import McpServerSpec
+    from harness.storage.ledger import Ledger
+
+    found: dict[str, list[float]] = {"basic": [], "stubborn": []}
+    ledger = Ledger(home / "stop.db")
+    specs = {kind: McpServerSpec(command=[*SERVER[:2], kind]) for kind in found}
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ledger.run_writer, None)
+        for _ in range(runs):
+            hub = McpHub(specs, ledger=ledger, home=home, search_threshold=10**6)
+            await nursery.start(hub.run)
+            await hub.prepare("ses_b", ROOT)
+            for kind, client in hub.clients.items():
+                start = time.perf_counter()
+                await client.stop()
+                found[kind].append((time.perf_counter() - start) * 1000)
+        nursery.cancel_scope.cancel()
+    ledger.close()
+    return found
+
+
 STARTUP = """
 import sys, time
 # The tree on PYTHONPATH, not the editable install's finder (which would win otherwise).
@@ -191,8 +216,9 @@ def main() -> None:
         turn_home = home / "t"
         turn_home.mkdir()
         turn = trio.run(through_turn, args.calls, turn_home)
-        here, loaded = startup(ROOT, home / "up", args.startups)
-        base_times: list[float] | None = None
+        (home / "stop").mkdir()
+        stops = trio.run(stop_times, home / "stop", 3)
+        base: Path | None = None
         if args.base:
             base = home / "base"
             base.mkdir()
@@ -202,7 +228,16 @@ def main() -> None:
                 check=True,
             ).stdout
             subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
-            base_times, _ = startup(base, home / "upb", args.startups)
+        # Interleaved, one run of each at a time: the shared machine's load hits both.
+        here: list[float] = []
+        base_times: list[float] | None = [] if base is not None else None
+        loaded = False
+        for run in range(args.startups):
+            times, imported = startup(ROOT, home / f"up{run}", 1)
+            here += times
+            loaded = loaded or imported
+            if base is not None and base_times is not None:
+                base_times += startup(base, home / f"upb{run}", 1)[0]
     report: dict[str, Any] = {
         "machine": platform.platform(),
         "calls": args.calls,
@@ -211,6 +246,7 @@ def main() -> None:
         "harness_client_median_ms": statistics.median(ours),
         "overhead_ms": statistics.median(ours) - statistics.median(sdk),
         "whole_turn_call_median_ms": statistics.median(turn),
+        "stop_ms": stops,
         "startup_no_mcp_ms": sorted(here),
         "startup_imports_mcp": loaded,
         "startup_base_ms": sorted(base_times) if base_times else None,
@@ -223,6 +259,8 @@ def main() -> None:
     print(f"{'  whole tool call in a turn (ledger incl.)':<44}  {whole:.3f}")
     for row in rounds:
         print(f"    round: sdk {row['sdk']:.3f} / harness {row['harness']:.3f}")
+    for kind, times in stops.items():
+        print(f"stop a {kind} server (ms): {[round(t) for t in times]}")
     print(f"start-up, no MCP server (ms, sorted): {[round(t) for t in sorted(here)]}")
     if base_times:
         print(f"start-up at {args.base} (ms, sorted):   {[round(t) for t in sorted(base_times)]}")

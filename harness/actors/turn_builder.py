@@ -21,7 +21,6 @@ from harness.actors.runner import ContextPolicy, Runner
 from harness.actors.services import Lineage, SessionServices
 from harness.actors.todos import SessionTodos
 from harness.actors.tool_executor import ToolExecutor
-from harness.actors.turn_tools import TurnTools
 from harness.agents import get_agent
 from harness.context.budget import Budget
 from harness.context.limits import limits_for
@@ -95,6 +94,8 @@ class TurnBuilder:
         specs = [services.tool_specs[name] for name in tools]
         source = None
         if services.mcp is not None:
+            from harness.actors.turn_tools import TurnTools  # with the SDK: only when needed
+
             live = TurnTools(services.tools, services.tool_specs, layers, services.mcp, session.id)
             tools, disabled, specs, source = live, live.disabled, [], live.specs
         subtasks = ChildSessions(
