@@ -2,7 +2,8 @@
 
 It lists, beside a good tool, one whose input schema has ``"type": "string"`` (which the
 SDK's client rejects with the whole listing) and one whose array has no ``items`` (which
-OpenAI rejects with the whole request). ``python tests/mcp_raw_server.py``.
+OpenAI rejects with the whole request). ``python tests/mcp_raw_server.py [--noisy]``;
+``--noisy`` writes a line that is not JSON to stdout first, as servers that log there do.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ def answer(request: dict[str, object]) -> dict[str, object] | None:
 
 
 def main() -> None:
+    if "--noisy" in sys.argv:  # what a server that logs to stdout does
+        print("Server starting... (not JSON)", flush=True)
     for line in sys.stdin:
         if not line.strip():
             continue

@@ -860,3 +860,18 @@ def test_harness_run_says_when_a_server_fails(tmp_path: Path, project: Path, mar
     assert "! MCP server broken failed to start: exited with code 3" in result.stderr
     assert "! MCP server raw: tool 'stringly'" in result.stderr
     assert "✓ raw_good" in result.stderr
+
+
+async def test_a_line_that_is_not_json_on_stdout_does_not_break_the_server(
+    tmp_path: Path, project: Path, marker: str
+) -> None:
+    command = [sys.executable, str(RAW_SERVER), "--noisy", f"--marker={marker}"]
+    turns = [call("raw_good", x=5), {"text": "ok"}]
+    allow = [Rule(permission="raw_good", pattern="*", action="allow")]
+    async with harness(tmp_path, turns, {"raw": McpServerSpec(command=command)}, rules=allow) as (
+        h,
+        _,
+    ):
+        session = await run(h, project)
+        [part] = parts(h, session)
+    assert output(part) == "10"
