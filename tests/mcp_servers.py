@@ -6,7 +6,7 @@ Run as ``python tests/mcp_servers.py KIND [ARG]`` (stdio). Kinds:
   idempotentHint), image, structured, resource, fail (isError), huge (a 300 KB result),
   crash (the process exits during the call), pid; a resource and a prompt.
 - ``bad_schema``: lists one tool whose input schema a provider would reject.
-- ``list_changed``: ``grow`` adds a tool and sends ``tools/list_changed``.
+- ``list_changed``: ``grow`` adds a read-only tool and sends ``tools/list_changed``.
 - ``stubborn``: ignores SIGTERM and a closed stdin, and forks a child that does too.
 - ``slow_start ARG``: sleeps ARG seconds before it answers anything.
 - ``broken``: writes to stderr and exits 3 at once.
@@ -155,7 +155,7 @@ def list_changed() -> MCPServer:
             """The tool that appeared."""
             return "extra here"
 
-        server.add_tool(extra)
+        server.add_tool(extra, annotations=READ_ONLY)
         await ctx.session.send_tool_list_changed()
         return "grown"
 

@@ -468,7 +468,8 @@ async def test_list_changed_refreshes_the_tools_at_the_next_step(
     tmp_path: Path, project: Path, marker: str
 ) -> None:
     turns = [call("changing_grow"), call("changing_extra"), {"text": "ok"}]
-    allow = [Rule(permission="changing_*", pattern="*", action="allow")]
+    # Only grow is allowed by a rule: the new tool's readOnlyHint default applies at once.
+    allow = [Rule(permission="changing_grow", pattern="*", action="allow")]
     servers = {"changing": server("list_changed", marker)}
     async with harness(tmp_path, turns, servers, rules=allow) as (h, provider):
         session = await run(h, project)

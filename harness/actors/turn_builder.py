@@ -8,7 +8,7 @@ change to the Runner's or the ToolExecutor's arguments is made in one spot.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Container, Mapping
+from collections.abc import Awaitable, Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from harness.context.budget import Budget
 from harness.context.limits import limits_for
 from harness.context.system import SystemBlock, assemble_system
 from harness.history import History
-from harness.messages.model import Session, Tokens
+from harness.messages.model import Rule, Session, Tokens
 from harness.permissions.ruleset import disabled_tools
 from harness.providers import split_model
 from harness.providers.base import Provider
@@ -85,7 +85,8 @@ class TurnBuilder:
         services = self.services
         config = services.config
         ledger = services.ledger
-        layers = (services.rules_of(session), *self.lineage.ceilings)
+        own = services.rules_of(session)
+        layers: Sequence[Sequence[Rule]] = (own, *self.lineage.ceilings)
         hidden = set().union(*(disabled_tools(services.tools, rules) for rules in layers))
         tools: Mapping[str, Tool[Any]] = {
             name: tool for name, tool in services.tools.items() if name not in hidden
@@ -96,8 +97,16 @@ class TurnBuilder:
         if services.mcp is not None:
             from harness.actors.turn_tools import TurnTools  # with the SDK: only when needed
 
-            live = TurnTools(services.tools, services.tool_specs, layers, services.mcp, session.id)
+            live = TurnTools(
+                services.tools,
+                services.tool_specs,
+                lambda: services.rules_of(session),
+                self.lineage.ceilings,
+                services.mcp,
+                session.id,
+            )
             tools, disabled, specs, source = live, live.disabled, [], live.specs
+            layers = live.layers
         subtasks = ChildSessions(
             services, session, self.lineage, self.child_slots, self.child_actor, turn.budget
         )

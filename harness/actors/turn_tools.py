@@ -13,7 +13,7 @@ tool not loaded can still be called by name.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from harness.messages.model import Rule
@@ -39,13 +39,18 @@ class TurnTools(Mapping[str, Tool[Any]]):
         self,
         builtin: Mapping[str, Tool[Any]],
         builtin_specs: Mapping[str, ToolSpec],
-        layers: Sequence[Sequence[Rule]],
+        rules_of: Callable[[], Sequence[Rule]],
+        ceilings: Sequence[Sequence[Rule]],
         hub: McpHub,
         session_id: str,
     ) -> None:
         self._builtin = builtin
         self._builtin_specs = builtin_specs
-        self._layers = layers
+        self._rules_of = rules_of
+        # The turn's rule layers, shared with its executor (and the asks it sends): the
+        # session's own is made again when the servers' tools change, so the defaults of a
+        # tool listed mid-turn (readOnlyHint: allow) apply from the next call on.
+        self.layers: list[Sequence[Rule]] = [rules_of(), *ceilings]
         self._hub = hub
         self._session_id = session_id
         self._search = McpSearchTool(self)
@@ -58,11 +63,13 @@ class TurnTools(Mapping[str, Tool[Any]]):
 
     def _current(self) -> dict[str, Tool[Any]]:
         if self._hub.version != self._version:
+            if self._version != -1:
+                self.layers[0] = self._rules_of()
             self._version = self._hub.version
             tools = {**self._builtin, **self._hub.tools()}
             if self._hub.infos():
                 tools[SEARCH_TOOL] = self._search
-            self._hidden = set().union(*(disabled_tools(tools, rules) for rules in self._layers))
+            self._hidden = set().union(*(disabled_tools(tools, rules) for rules in self.layers))
             self._tools = {name: t for name, t in tools.items() if name not in self._hidden}
         return self._tools
 
