@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,7 +49,6 @@ from harness.tools.base import Tool, ToolContext, ToolFailure, ToolOutput
 from harness.tools.mcp import (
     SEARCH_TOOL,
     McpToolInfo,
-    ResourcesParams,
     mcp_tool,
     resources_tool,
 )
@@ -500,8 +500,6 @@ class McpHub:
         environ: Mapping[str, str] | None = None,
         reserved: frozenset[str] = frozenset(),
     ) -> None:
-        import os
-
         self.ledger = ledger
         self.home = home
         self.search_threshold = search_threshold
@@ -582,9 +580,6 @@ class McpHub:
 
     def status(self) -> list[ServerStatus]:
         return [c.status() for c in self.clients.values()]
-
-    def resources_spec(self) -> dict[str, Any]:
-        return ResourcesParams.model_json_schema()
 
 
 def summary(hub: McpHub) -> dict[str, Any]:
