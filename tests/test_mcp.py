@@ -876,3 +876,17 @@ async def test_a_line_that_is_not_json_on_stdout_does_not_break_the_server(
         session = await run(h, project)
         [part] = parts(h, session)
     assert output(part) == "10"
+
+
+async def test_tools_loaded_by_search_are_remembered_by_a_restarted_harness(
+    tmp_path: Path, project: Path, marker: str
+) -> None:
+    servers = {"basic": server("basic", marker)}
+    turns = [call("mcp_search", query="select:basic_pid"), {"text": "ok"}, {"text": "again"}]
+    async with harness(tmp_path, turns, servers, mcp_search_threshold=0) as (h, _):
+        session = await run(h, project)
+    async with harness(tmp_path, turns, servers, mcp_search_threshold=0) as (h, provider):
+        with trio.fail_after(60):
+            await h.run(session, "and now")
+        tools = offered(provider, 0)
+    assert "basic_pid" in tools and "basic_echo" not in tools

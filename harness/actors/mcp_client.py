@@ -563,6 +563,9 @@ class McpHub:
     def loaded(self, session_id: str) -> set[str]:
         return self._loaded.setdefault(session_id, set())
 
+    def knows(self, session_id: str) -> bool:
+        return session_id in self._loaded
+
     def default_rules(self, agent: str) -> list[Rule]:
         """The MCP layer of the defaults (DESIGN §12): a ``readOnlyHint`` tool (and a
         resources tool) is allowed; the ``plan`` agent denies every other MCP tool; the rest

@@ -104,6 +104,7 @@ class TurnBuilder:
                 self.lineage.ceilings,
                 services.mcp,
                 session.id,
+                lambda: [p for m in ledger.messages(session.id) for p in m.parts],
             )
             tools, disabled, specs, source = live, live.disabled, [], live.specs
             layers = live.layers

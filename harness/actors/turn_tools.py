@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from harness.messages.model import Rule
+from harness.messages.model import Part, Rule, ToolCompleted, ToolPart
 from harness.messages.provider import ToolSpec
 from harness.permissions.ruleset import disabled_tools
 from harness.tools.base import Tool
@@ -43,6 +43,7 @@ class TurnTools(Mapping[str, Tool[Any]]):
         ceilings: Sequence[Sequence[Rule]],
         hub: McpHub,
         session_id: str,
+        earlier: Callable[[], Sequence[Part]] = tuple,
     ) -> None:
         self._builtin = builtin
         self._builtin_specs = builtin_specs
@@ -54,6 +55,10 @@ class TurnTools(Mapping[str, Tool[Any]]):
         self._hub = hub
         self._session_id = session_id
         self._search = McpSearchTool(self)
+        if hub.searching() and not hub.knows(session_id):
+            # A harness started again (or another session actor) remembers what this
+            # session loaded: the ledger has its searches.
+            hub.loaded(session_id).update(_loaded_before(earlier()))
         self.disabled = _Hidden(self)
         self._version = -1
         self._tools: dict[str, Tool[Any]] = {}
@@ -123,3 +128,16 @@ class TurnTools(Mapping[str, Tool[Any]]):
                 specs.append(ToolSpec(name, tool.description, tool.params.model_json_schema()))
         self._specs, self._specs_key = tuple(specs), key
         return self._specs
+
+
+def _loaded_before(parts: Sequence[Part]) -> set[str]:
+    """The tools earlier ``mcp_search`` calls of a session loaded."""
+    loaded: set[str] = set()
+    for part in parts:
+        if isinstance(part, ToolPart) and part.tool == SEARCH_TOOL:
+            state = part.state
+            if isinstance(state, ToolCompleted):
+                names = state.metadata.get("loaded")
+                if isinstance(names, list):
+                    loaded.update(str(name) for name in names)
+    return loaded
