@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from harness.actors.mcp_client import probe as probe_mcp_servers
     from harness.actors.permission import no_terminal_hint
     from harness.agents import UnknownAgentError
     from harness.config import (
@@ -95,6 +96,7 @@ __all__ = [
     "open_reader",
     "parse_rule_flag",
     "private_dir",
+    "probe_mcp_servers",
     "read_project",
     "redact",
     "render_trace",
@@ -143,6 +145,7 @@ _WHERE = {
     "configure_logging": ("harness.logs", "configure_logging"),
     "open_private": ("harness.private", "open_private"),
     "private_dir": ("harness.private", "private_dir"),
+    "probe_mcp_servers": ("harness.actors.mcp_client", "probe"),
     "RedactingStream": ("harness.secrets", "RedactingStream"),
     "has_secrets": ("harness.secrets", "has_secrets"),
     "redact": ("harness.secrets", "redact"),

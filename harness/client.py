@@ -116,6 +116,11 @@ class Client:
         answer: dict[str, Any] = self.request("GET", "/v1/health")
         return answer
 
+    def mcp(self) -> dict[str, Any]:
+        """The daemon's MCP servers as they are now (``harness mcp``)."""
+        answer: dict[str, Any] = self.request("GET", "/v1/mcp")
+        return answer
+
     def sessions(self) -> list[dict[str, Any]]:
         answer: list[dict[str, Any]] = self.request("GET", "/v1/sessions")
         return answer

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
+    from harness.mcp.spec import McpServerSpec
     from harness.messages.model import Rule
     from harness.providers.base import Provider
     from harness.providers.limiter import ProviderLimits
@@ -90,6 +91,10 @@ class Config:
     # Limits per provider name (``openai``, ``mistral``, a named one), each enforced by
     # one limiter shared by every session of the harness (harness/providers/limiter.py).
     provider_limits: Mapping[str, ProviderLimits] = field(default_factory=dict)
+    # MCP servers (``[mcp.NAME]``, DESIGN §12), and the schema tokens past which the model
+    # gets a search tool over their tools instead of every schema (docs/mcp.md).
+    mcp_servers: Mapping[str, McpServerSpec] = field(default_factory=dict)
+    mcp_search_threshold: int = 10_000
 
     def __post_init__(self) -> None:
         self.home = Path(self.home).expanduser()

@@ -12,6 +12,7 @@ project's come after the global's, so the last matching rule wins across both.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness.config import DEFAULT_MODEL, Config, ConfigError
+from harness.mcp.spec import SERVER_NAME, McpServerSpec
 from harness.messages.model import Rule
 
 Action = Literal["allow", "ask", "deny"]
@@ -74,6 +76,9 @@ class ConfigFile(_Strict):
     permission: dict[str, Action | dict[str, Action]] = {}
     # Python tools (DESIGN §12): "package.module:function", imported at start-up.
     tools: list[Annotated[str, Field(pattern=_TOOL_ENTRY)]] | None = None
+    # MCP servers (DESIGN §12, docs/mcp.md)
+    mcp: dict[str, McpServerSpec] = {}
+    mcp_search_threshold: int | None = Field(default=None, ge=0)
 
 
 DEFAULTS: dict[str, Any] = {"model": DEFAULT_MODEL, "agent": "build", "sandbox": "workspace-write"}
@@ -93,6 +98,7 @@ class Settings:
     sources: dict[str, str] = field(default_factory=dict)  # dotted key → source
     rules: list[Rule] = field(default_factory=list)  # the files' rules, in order
     providers: dict[str, ProviderSpec] = field(default_factory=dict)
+    mcp: dict[str, McpServerSpec] = field(default_factory=dict)  # the project's after the global's
 
     def get(self, key: str) -> Any:
         return self.values.get(key)
@@ -151,6 +157,11 @@ def read_file(path: Path) -> ConfigFile:
         key = ".".join(str(part) for part in first["loc"]) or "(top level)"
         reason = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
         raise ConfigFileError(f"{path}: {key}: {reason}") from None
+    for name in parsed.mcp:
+        if not re.match(SERVER_NAME, name):
+            raise ConfigFileError(
+                f"{path}: mcp.{name}: a server name is 1-32 of A-Z a-z 0-9 _ -"
+            )
     for name in parsed.providers:
         if name in LIMITED_BUILTINS:
             extra = sorted(parsed.providers[name].model_fields_set - LIMIT_KEYS)
@@ -214,10 +225,11 @@ def read_project(directory: Path) -> tuple[Path, ConfigFile] | None:
 
 def daemon_cannot_apply(parsed: ConfigFile) -> list[str]:
     """Keys of a project file the daemon cannot honour per session: its providers, budget
-    and sandbox are the daemon's own (from the global file, read at start)."""
-    keys = [key for key in ("providers", "budget", "sandbox") if getattr(parsed, key)]
-    # Python tools are imported into the daemon's process once, from its global file.
-    return [*keys, "tools"] if parsed.tools else keys
+    and sandbox are the daemon's own (from the global file, read at start), and so are its
+    MCP servers, shared by all its sessions; Python tools are imported into the daemon's
+    process once, from its global file."""
+    keys = ("providers", "budget", "sandbox", "mcp", "mcp_search_threshold", "tools")
+    return [key for key in keys if getattr(parsed, key) not in (None, {}, [])]
 
 
 def load_settings(
@@ -247,6 +259,7 @@ def load_settings(
             settings.sources.update(dict.fromkeys(rules_keys, source))
         settings.rules += file_rules(parsed)
         settings.providers.update(parsed.providers)
+        settings.mcp.update(parsed.mcp)
     for variable, key in ENV_KEYS.items():
         if env.get(variable):
             settings.set(key, env[variable], f"env:{variable}")
@@ -323,9 +336,15 @@ def config_overrides(settings: Settings) -> dict[str, Any]:
         "budget_time": budget.get("time"),
         "providers": provider_kinds(settings.providers),
         "model_limits": limits,
-        "secret_env": [s.api_key_env for s in settings.providers.values() if s.api_key_env],
+        "secret_env": [
+            *(s.api_key_env for s in settings.providers.values() if s.api_key_env),
+            # ${VAR} of an MCP server's env or headers names a credential: redacted too.
+            *(name for spec in settings.mcp.values() for name in spec.variables()),
+        ],
         "provider_limits": provider_limits(settings.providers),
         "tools": load_tools(settings),
+        "mcp_servers": dict(settings.mcp),
+        "mcp_search_threshold": values.get("mcp_search_threshold"),
     }
 
 

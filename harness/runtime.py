@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 import trio
@@ -33,6 +34,7 @@ from harness.actors.event_feed import EventFeed, overflow_event, subscription
 from harness.actors.new_session import new_session, record_session
 from harness.actors.permission import Permission
 from harness.actors.question import Question
+from harness.actors.recovery import reap_mcp_servers
 from harness.actors.services import SessionServices
 from harness.actors.supervisor import Supervisor
 from harness.agents import get_agent
@@ -64,6 +66,9 @@ from harness.storage.ledger import Ledger
 from harness.storage.lock import LockHolder, hold_ledger
 from harness.tools.registry import builtin_tools, tool_specs, tool_table
 from harness.tools.sandbox import Sandbox
+
+if TYPE_CHECKING:
+    from harness.actors.mcp_client import McpHub
 
 log = structlog.get_logger("harness")
 
@@ -107,8 +112,10 @@ class Harness:
         supervisor: Supervisor,
         question: Question,
         sandbox: Sandbox | None = None,
+        mcp: McpHub | None = None,
     ) -> None:
         self.config = config
+        self._mcp = mcp
         self.sandbox = sandbox or Sandbox()  # what tools' subprocesses run under
         self.ledger = ledger
         self._feed = feed
@@ -313,6 +320,24 @@ class Harness:
         return await ask(
             self._supervisor.mailbox, lambda reply: CancelSession(session_id, reply)
         )
+
+    # --- MCP servers ------------------------------------------------------------------------
+
+    def mcp_status(self) -> dict[str, object]:
+        """This harness's MCP servers as they are now (``harness mcp --json``'s shape):
+        ``idle`` until a turn first starts them."""
+        hub = self._mcp
+        if hub is None:
+            threshold = self.config.mcp_search_threshold
+            return {
+                "servers": [],
+                "schema_tokens": 0,
+                "search_threshold": threshold,
+                "tool_search": False,
+            }
+        from harness.actors.mcp_client import summary
+
+        return summary(hub)
 
     # --- events -----------------------------------------------------------------------------
 
@@ -580,6 +605,17 @@ async def _open_harness(config: Config) -> AsyncIterator[Harness]:
             reason=sandbox.unavailable,
             notice=sandbox.notice,
         )
+    hub = None
+    if config.mcp_servers:
+        from harness.actors.mcp_client import McpHub  # the SDK, only when a server is set
+
+        hub = McpHub(
+            config.mcp_servers,
+            ledger=ledger,
+            home=config.home,
+            search_threshold=config.mcp_search_threshold,
+            reserved=frozenset(tools),
+        )
     services = SessionServices(
         config=config,
         ledger=ledger,
@@ -591,8 +627,14 @@ async def _open_harness(config: Config) -> AsyncIterator[Harness]:
         sandbox=sandbox,
         tool_rules=tool_rules,
         limiters=ProviderLimiters(config.provider_limits),
+        mcp=hub,
     )
     supervisor = Supervisor(services)
+    # Before any session runs: MCP servers a dead harness left behind (an indexed read of
+    # a few rows; the SDK is not imported for it).
+    reaped = reap_mcp_servers(ledger)
+    if reaped:
+        ledger.post(reaped)
 
     # The writer and the feed are shielded: when a caller's scope cancels the whole block
     # (a daemon's SIGTERM), the sessions' shielded cleanup writes must still find them.
@@ -616,9 +658,11 @@ async def _open_harness(config: Config) -> AsyncIterator[Harness]:
                 async with trio.open_nursery() as inner:
                     await inner.start(permission.run)
                     await inner.start(question.run)
+                    if hub is not None:
+                        await inner.start(hub.run)
                     await inner.start(supervisor.run)
                     harness = Harness(
-                        config, ledger, feed.mailbox, permission, supervisor, question, sandbox
+                        config, ledger, feed.mailbox, permission, supervisor, question, sandbox, hub
                     )
                     try:
                         yield harness

@@ -191,6 +191,10 @@ async def _health(h: Harness, request: Request) -> Response:
     return Response(200, {**body, "sandbox": h.sandbox.mode})
 
 
+async def _mcp(h: Harness, request: Request) -> Response:
+    return Response(200, h.mcp_status())
+
+
 async def _create_session(h: Harness, request: Request) -> Response:
     body: CreateSessionBody = request.json(CreateSessionBody)
     model, agent, rules = body.model, body.agent, body.rules()
@@ -355,6 +359,7 @@ Handler = Callable[..., Awaitable[Response]]
 _ID = r"([A-Za-z0-9_\-]+)"
 ROUTES: list[tuple[re.Pattern[str], dict[str, Handler | None]]] = [
     (re.compile(r"/v1/health"), {"GET": _health}),
+    (re.compile(r"/v1/mcp"), {"GET": _mcp}),
     (re.compile(r"/v1/sessions"), {"GET": _list_sessions, "POST": _create_session}),
     (
         re.compile(rf"/v1/sessions/{_ID}"),

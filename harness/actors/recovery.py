@@ -16,7 +16,7 @@ import structlog
 
 from harness.history import RESTARTED
 from harness.messages.events import NewEvent, TurnResult
-from harness.messages.model import SessionStatus, ToolError, ToolPending
+from harness.messages.model import SessionStatus, ToolError, ToolPart, ToolPending, ToolRunning
 from harness.storage.ledger import Ledger, LedgerError
 from harness.tools.process import kill_orphans
 
@@ -44,12 +44,39 @@ def kill_orphaned_processes(ledger: Ledger, session_id: str) -> int:
     return killed
 
 
+def reap_mcp_servers(ledger: Ledger) -> list[NewEvent]:
+    """Kill the MCP servers a harness that died (``kill -9``, a crash) left running.
+
+    Each stdio server's process group is in the ledger from before its first message
+    (``mcp.process``) until it is recorded as ended; what is still open at a start was left
+    by a dead harness. Checked against the recorded identity, so a reused number is left
+    alone. Returns the ``mcp.exited`` events that close the records.
+    """
+    events: list[NewEvent] = []
+    for session_id, server, identity in ledger.mcp_processes():
+        killed = kill_orphans(identity)
+        reason = "left running by a harness that did not stop; reaped at start"
+        data = {"server": server, "reason": reason, "process": identity, "killed": killed}
+        events.append(NewEvent("mcp.exited", session_id, data))
+        if killed:
+            log.warning("killed an MCP server left by a dead harness", server=server, count=killed)
+    return events
+
+
+def _rerunnable_mcp(part: ToolPart) -> bool:
+    """An MCP call annotated ``idempotentHint`` (recorded with its ``running`` state) may be
+    run again after a crash; any other MCP call is shown to the model as interrupted."""
+    mcp = part.state.metadata.get("mcp") if isinstance(part.state, ToolRunning) else None
+    return isinstance(mcp, dict) and mcp.get("idempotent") is True
+
+
 def close_open_work(
     ledger: Ledger,
     session_id: str,
     reason: str,
     *,
     rerun: frozenset[str] = frozenset(),
+    rerun_idempotent_mcp: bool = False,
 ) -> list[NewEvent]:
     """Events that close what a stopped turn left open.
 
@@ -67,7 +94,8 @@ def close_open_work(
     unfinished = {m.id for m in ledger.assistant_messages(session_id, unfinished_or_in=set())}
     for part in ledger.open_tool_parts(session_id):
         state = part.state
-        if part.tool in rerun and part.message_id not in unfinished:
+        repeat = part.tool in rerun or (rerun_idempotent_mcp and _rerunnable_mcp(part))
+        if repeat and part.message_id not in unfinished:
             again = part.model_copy(update={"state": ToolPending(input=state.input)})
             events.append(NewEvent.of("part.updated", session_id, again))
             resumed.add(part.message_id)
@@ -134,7 +162,9 @@ def resume_events(
     nothing was lost the model gets exactly the request it was answering. The ledger alone
     records that the turn was resumed.
     """
-    events = close_open_work(ledger, session_id, RESTARTED, rerun=rerun)
+    events = close_open_work(
+        ledger, session_id, RESTARTED, rerun=rerun, rerun_idempotent_mcp=True
+    )
     resumed = {"message_id": message_id, "resumes": resumes + 1}
     events.append(NewEvent("turn.resumed", session_id, resumed))
     return events

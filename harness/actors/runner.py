@@ -92,8 +92,12 @@ class Runner:
         context: ContextPolicy | None = None,
         budget: Budget | None = None,
         show_request: bool = False,
+        tool_source: Callable[[], Awaitable[Sequence[ToolSpec]]] | None = None,
     ) -> None:
         self.session = session
+        # Tools that can change between steps (MCP servers: started, listed again after
+        # tools/list_changed, loaded by mcp_search): asked for at each step instead.
+        self._tool_source = tool_source
         self._system = tuple(system)
         self._system_sources = tuple(system_sources)
         self._tool_specs = tuple(tool_specs)
@@ -118,11 +122,23 @@ class Runner:
             on_usage=self._count_usage,
             prune_protect=self._context.prune_protect,
         )
-        # What every request carries besides the history: counted once.
-        self._fixed_tokens = sum(estimate_tokens(text) for text in self._system) + sum(
+        # What every request carries besides the history: counted once (again when the
+        # tools change).
+        self._fixed_tokens = self._count_fixed()
+
+    def _count_fixed(self) -> int:
+        return sum(estimate_tokens(text) for text in self._system) + sum(
             estimate_tokens(json.dumps(spec.parameters)) + estimate_tokens(spec.description)
             for spec in self._tool_specs
         )
+
+    async def _refresh_tools(self) -> None:
+        if self._tool_source is None:
+            return
+        specs = await self._tool_source()
+        if specs is not self._tool_specs:  # the source hands out the same tuple until a change
+            self._tool_specs = tuple(specs)
+            self._fixed_tokens = self._count_fixed()
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -132,6 +148,7 @@ class Runner:
         while True:
             await self._take_steered()
             await self._flush()
+            await self._refresh_tools()
             self._history.sync()
             step = self._history.step_count(user_message_id) + 1
             outcome = await self._advance(user_message_id, step, compacted_at != step)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -24,6 +24,9 @@ from harness.providers.table import kind_of
 from harness.storage.ledger import Ledger
 from harness.tools.base import Tool
 from harness.tools.sandbox import Sandbox
+
+if TYPE_CHECKING:
+    from harness.actors.mcp_client import McpHub
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +46,7 @@ class SessionServices:
     tool_rules: tuple[Rule, ...] = ()
     # One limiter per provider and server, shared by every session of this harness.
     limiters: ProviderLimiters = field(default_factory=ProviderLimiters)
+    mcp: McpHub | None = None  # the MCP servers (DESIGN §12); None when none is configured
 
     def limiter_for(self, model: str, base_url: str | None) -> ProviderLimiter | None:
         """The shared limiter of the server a session's model talks to; None for what
@@ -55,8 +59,9 @@ class SessionServices:
     def rules_of(self, session: Session) -> tuple[Rule, ...]:
         """A session's own merged ruleset: defaults < agent < config < session."""
         agent = get_agent(session.agent)
-        rules = (DEFAULT_RULES, self.tool_rules, agent.rules, self.config.rules, session.permission)
-        return tuple(merge(*rules))
+        mcp = self.mcp.default_rules(agent.name) if self.mcp is not None else ()
+        rules = (DEFAULT_RULES, self.tool_rules, agent.rules, mcp, self.config.rules)
+        return tuple(merge(*rules, session.permission))
 
 
 @dataclass(frozen=True, slots=True)

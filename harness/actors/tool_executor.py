@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -106,7 +106,7 @@ class ToolExecutor:
         directory: Path,
         project: str,
         tools: Mapping[str, Tool[Any]],
-        disabled: frozenset[str] = frozenset(),
+        disabled: Container[str] = frozenset(),
         layers: Sequence[Sequence[Rule]],
         ledger: Ledger,
         permission: trio.MemorySendChannel[PermissionMessage],
@@ -353,7 +353,12 @@ class ToolExecutor:
         """
         start = time.time()
         title = shown(tool.title(args))
-        running = [self._record(message_id, call, ToolRunning(input=raw, title=title, start=start))]
+        kept = tool.running_metadata(args)
+        running = [
+            self._record(
+                message_id, call, ToolRunning(input=raw, title=title, metadata=kept, start=start)
+            )
+        ]
         snapshot: CallSnapshot | None = None
         if tool.read_only:
             # Nothing to protect: a read-only call interrupted by a crash is simply re-run.
@@ -374,7 +379,7 @@ class ToolExecutor:
         async def report_process(pgid: int) -> None:
             # Durable before the command runs on: a restart after a crash finds the group.
             identity = process_identity(pgid)
-            metadata = {"process": identity} if identity is not None else {}
+            metadata = {**kept, "process": identity} if identity is not None else kept
             state = ToolRunning(input=raw, title=title, metadata=metadata, start=start)
             await self._ledger.write([self._record(message_id, call, state)])
 

@@ -8,9 +8,10 @@ change to the Runner's or the ToolExecutor's arguments is made in one spot.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -25,11 +26,12 @@ from harness.context.budget import Budget
 from harness.context.limits import limits_for
 from harness.context.system import SystemBlock, assemble_system
 from harness.history import History
-from harness.messages.model import Session, Tokens
+from harness.messages.model import Rule, Session, Tokens
 from harness.permissions.ruleset import disabled_tools
 from harness.providers import split_model
 from harness.providers.base import Provider
 from harness.providers.retry import RetryNotice, RetryPolicy
+from harness.tools.base import Tool
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +73,9 @@ class TurnBuilder:
         system = await assemble_system(
             get_agent(session.agent).prompt, Path(session.directory), config.home
         )
+        if self.services.mcp is not None:
+            # Lazily, by the first turn that may use them; shared by the harness's sessions.
+            await self.services.mcp.prepare(session.id, Path(session.directory))
         return Turn(message_id, tuple(system), budget)
 
     def build(
@@ -80,9 +85,29 @@ class TurnBuilder:
         services = self.services
         config = services.config
         ledger = services.ledger
-        layers = (services.rules_of(session), *self.lineage.ceilings)
+        own = services.rules_of(session)
+        layers: Sequence[Sequence[Rule]] = (own, *self.lineage.ceilings)
         hidden = set().union(*(disabled_tools(services.tools, rules) for rules in layers))
-        tools = {name: tool for name, tool in services.tools.items() if name not in hidden}
+        tools: Mapping[str, Tool[Any]] = {
+            name: tool for name, tool in services.tools.items() if name not in hidden
+        }
+        disabled: Container[str] = frozenset(hidden)
+        specs = [services.tool_specs[name] for name in tools]
+        source = None
+        if services.mcp is not None:
+            from harness.actors.turn_tools import TurnTools  # with the SDK: only when needed
+
+            live = TurnTools(
+                services.tools,
+                services.tool_specs,
+                lambda: services.rules_of(session),
+                self.lineage.ceilings,
+                services.mcp,
+                session.id,
+                lambda: [p for m in ledger.messages(session.id) for p in m.parts],
+            )
+            tools, disabled, specs, source = live, live.disabled, [], live.specs
+            layers = live.layers
         subtasks = ChildSessions(
             services, session, self.lineage, self.child_slots, self.child_actor, turn.budget
         )
@@ -91,7 +116,7 @@ class TurnBuilder:
             directory=Path(session.directory),
             project=session.directory,
             tools=tools,
-            disabled=frozenset(hidden),
+            disabled=disabled,
             layers=layers,
             ledger=ledger,
             permission=services.permission,
@@ -110,7 +135,8 @@ class TurnBuilder:
             provider=provider,
             system=[block.text for block in turn.system],
             system_sources=[block.source for block in turn.system],
-            tool_specs=[services.tool_specs[name] for name in tools],
+            tool_specs=specs,
+            tool_source=source,
             max_steps=turn_steps or config.max_steps or get_agent(session.agent).steps,
             ledger_history=History(ledger, session.id),
             ledger_post=ledger.post,

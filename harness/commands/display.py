@@ -48,6 +48,9 @@ class Display:
             print(json.dumps(data, indent=2, ensure_ascii=False), file=self._err, flush=True)
         elif event.type == "todo.updated":
             print(todo_lines(data.get("todos") or [], indent="  "), file=self._err, flush=True)
+        elif event.type in ("mcp.failed", "mcp.exited", "mcp.warning"):
+            if data.get("reason") != "the harness stopped":
+                print(_mcp_line(event.type, data), file=self._err, flush=True)
         elif event.type == "session.retry":
             wait = max(0.0, float(data.get("next", 0)) - time.time())
             what = (
@@ -79,6 +82,16 @@ class Display:
             f"{' (session ' + event.session_id + ')' if child else ''}"
             f"\n  [o]nce  [a]lways ({data['always']})  [r]eject  — or type feedback to reject: "
         )
+
+
+def _mcp_line(kind: str, data: dict[str, Any]) -> str:
+    """An MCP server's trouble, one line: the turn goes on without it (docs/mcp.md)."""
+    server = data.get("server", "?")
+    if kind == "mcp.warning":
+        tool = f" tool '{data['tool']}'" if data.get("tool") else ""
+        return f"! MCP server {server}:{tool} {data.get('reason')}"
+    what = "failed to start" if kind == "mcp.failed" else "stopped"
+    return f"! MCP server {server} {what}: {data.get('reason')}"
 
 
 def parse_answer(line: str) -> tuple[str, str | None]:

@@ -53,6 +53,15 @@ LoggedType = Literal[
     "question.replied",
     "question.rejected",
     "sandbox.unavailable",  # a turn's commands run unsandboxed: {requested, reason, notice}
+    # MCP servers (DESIGN §12), each {server, ...}: a stdio server's process group, recorded
+    # before its first message so a restart after a crash reaps it {process, pid}; ready
+    # {transport, pid, tools, schema_tokens, seconds}; a start that failed, an exit
+    # {reason, process, code}; a tool left out {tool, reason}.
+    "mcp.process",
+    "mcp.started",
+    "mcp.failed",
+    "mcp.exited",
+    "mcp.warning",
 ]
 
 # ephemeral: published live, never stored

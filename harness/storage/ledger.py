@@ -497,6 +497,26 @@ class Ledger:
             )
         return [Event(r[0], r[1], r[2], r[3], json.loads(r[4])) for r in rows]
 
+    def mcp_processes(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """``(session_id, server, identity)`` of each MCP server process group recorded
+        and not recorded as ended since: what a harness that died left running."""
+        rows = self._rows(
+            "SELECT session_id, type, data FROM events"
+            " WHERE type IN ('mcp.process', 'mcp.exited', 'mcp.failed') ORDER BY seq"
+        )
+        open_groups: dict[str, tuple[str, str, dict[str, Any]]] = {}
+        for session_id, kind, data in rows:
+            payload = json.loads(data)
+            identity = payload.get("process")
+            if not isinstance(identity, dict):
+                continue
+            key = json.dumps(identity, sort_keys=True)
+            if kind == "mcp.process":
+                open_groups[key] = (session_id, str(payload.get("server", "")), identity)
+            else:
+                open_groups.pop(key, None)
+        return list(open_groups.values())
+
     def last_seq(self) -> int:
         rows = self._rows("SELECT max(seq) FROM events")
         value = rows[0][0]

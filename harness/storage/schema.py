@@ -104,6 +104,12 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             data TEXT NOT NULL
         )""",
     ),
+    (
+        # The MCP servers' process groups and their ends, found at every start without a
+        # scan of the whole log (recovery.reap_mcp_servers); only these rows are indexed.
+        """CREATE INDEX events_mcp ON events(seq)
+            WHERE type IN ('mcp.process', 'mcp.exited', 'mcp.failed')""",
+    ),
 )
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)

@@ -226,6 +226,11 @@ class Tool(ABC, Generic[P]):
         """A short human label for progress lines: ``read package.json``."""
         return self.name
 
+    def running_metadata(self, args: P) -> dict[str, Any]:
+        """What the ledger's ``running`` record of a call keeps besides its input: read by
+        recovery after a crash (an MCP tool says there whether it may be re-run)."""
+        return {}
+
     def touched_paths(self, args: P, ctx: ToolContext) -> list[Path]:
         """The files ``execute`` may create, change or delete: resolved, absolute paths.
 
