@@ -8,7 +8,7 @@ README's API section): one client's 9 MB title would otherwise be in every answe
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
@@ -129,3 +129,90 @@ class QuestionReplyBody(_Body):
         if self.reject == (self.answers is not None):
             raise ValueError("give either answers (one list per question) or reject: true")
         return self
+
+
+# --- response bodies ---------------------------------------------------------------------
+# What the daemon answers, as models: the server builds each answer through one of these
+# (so a field added to an answer without its model fails loudly, in tests, rather than
+# drifting from the document), and ``GET /v1/openapi.json`` is generated from them.
+
+RevertAction = Literal["restored", "deleted", "recreated", "unchanged"]
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorDetail(_Answer):
+    code: str = Field(description="A stable machine-readable code, e.g. not_found, invalid_body")
+    message: str = Field(description="What went wrong, for a person")
+
+
+class ErrorBody(_Answer):
+    """Every 4xx and 5xx answer of the daemon: ``{"error": {"code", "message"}}``."""
+
+    error: ErrorDetail
+
+
+class Health(_Answer):
+    ok: Literal[True] = True
+    pid: int = Field(description="The daemon's process id")
+    last_seq: int = Field(description="The ledger's last event seq (0: none yet)")
+    sandbox: str = Field(description="What commands run under: workspace-write, read-only or off")
+
+
+class SessionDeleted(_Answer):
+    id: str
+    deleted: Literal[True] = True
+
+
+class PromptAccepted(_Answer):
+    """The input is durable; the turn runs after this answer (follow it on /v1/events)."""
+
+    message_id: str
+
+
+class CancelAnswer(_Answer):
+    cancelled: bool = Field(description="Whether a turn was running or queued to cancel")
+
+
+class DiffFile(_Answer):
+    path: str
+    added: int
+    removed: int
+
+
+class SessionDiff(_Answer):
+    session_id: str
+    files: list[DiffFile]
+    diff: str = Field(description="A unified diff of every file the session changed")
+
+
+class RevertedFile(_Answer):
+    path: str = Field(description="The absolute path")
+    shown: str = Field(description="The path as shown: relative to the session directory")
+    action: RevertAction
+    before: str | None = Field(description="The content hash before the revert (None: no file)")
+    after: str | None = Field(description="The content hash after it (None: no file)")
+
+
+class Reverted(_Answer):
+    id: str = Field(description="The revert's id (rev_…)")
+    session_id: str
+    message_id: str
+    files: list[RevertedFile]
+
+
+class PermissionReplied(_Answer):
+    id: str
+    reply: Reply
+
+
+class QuestionAnswered(_Answer):
+    id: str
+    answers: list[list[str]]
+
+
+class QuestionRejected(_Answer):
+    id: str
+    rejected: Literal[True] = True
