@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Literal
 
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from harness.messages.api import ErrorBody
 
@@ -126,6 +126,7 @@ def _errors_of(route: Route, operation: Operation) -> dict[int, list[str]]:
         pairs += _WITH_BODY
     if route.template.startswith("/v1/sessions/{"):
         pairs.append((404, "not_found"))
+    pairs.append((422, "invalid_query"))  # a query parameter it does not take
     for param in operation.params:
         pairs += param.errors
     codes: dict[int, list[str]] = {}
@@ -211,9 +212,23 @@ def _operation(
     ]
     answer = by_key[(route.template, method, "answer")]
     if operation.stream:
-        # OpenAPI 3.1 has no word for a stream's items (3.2 adds itemSchema): by the
-        # convention tools follow, the schema of a text/event-stream is each event's data.
-        content = {"text/event-stream": {"schema": answer}}
+        # OpenAPI 3.1 has no word for a stream's items (3.2 adds itemSchema); by the
+        # convention tools follow, the schema of a text/event-stream describes one event,
+        # as 3.2's own example does: its fields, the data a JSON document of ``answer``.
+        event = {
+            "type": "object",
+            "required": ["data"],
+            "properties": {
+                "id": {"type": "string", "pattern": "^[0-9]+$"},
+                "event": {"const": "message"},
+                "data": {
+                    "type": "string",
+                    "contentMediaType": "application/json",
+                    "contentSchema": answer,
+                },
+            },
+        }
+        content = {"text/event-stream": {"schema": event}}
     else:
         content = {"application/json": {"schema": answer}}
     responses: dict[str, Any] = {
@@ -244,7 +259,12 @@ def _operation(
 
 
 def _needs_body(model: type[BaseModel]) -> bool:
-    return any(info.is_required() for info in model.model_fields.values())
+    """Whether ``{}`` (what an empty body reads as) is refused: then the body is required."""
+    try:
+        model.model_validate({})
+    except ValidationError:
+        return True
+    return False
 
 
 def _operation_id(template: str, method: str) -> str:

@@ -563,8 +563,8 @@ ROUTES: list[Route] = [
 _PATTERNS = [(r.pattern(), r.methods) for r in ROUTES]
 
 
-def route(method: str, path: str) -> tuple[Handler | None, list[str]]:
-    """The handler and the path's ids; ``None`` means the events stream."""
+def route(method: str, path: str) -> tuple[Operation, list[str]]:
+    """The operation and the path's ids (its handler is ``None`` for the events stream)."""
     for pattern, methods in _PATTERNS:
         match = pattern.fullmatch(path)
         if match is None:
@@ -572,8 +572,19 @@ def route(method: str, path: str) -> tuple[Handler | None, list[str]]:
         if method not in methods:
             allowed = ", ".join(sorted(methods))
             raise ApiError(405, "method_not_allowed", f"{method} {path}: use {allowed}")
-        return methods[method].handler, list(match.groups())
+        return methods[method], list(match.groups())
     raise ApiError(404, "not_found", f"no route {path}")
+
+
+def _check_query(operation: Operation, query: dict[str, list[str]]) -> None:
+    """Refuse a query parameter the operation does not read, as a body's unknown field is:
+    ``/v1/events?sesion=ses_1`` would otherwise stream every session's events."""
+    known = {param.name for param in operation.params if param.where == "query"}
+    unknown = sorted(name for name in query if name not in known)
+    if unknown:
+        shown = ", ".join(repr(name[:40]) for name in unknown[:3])
+        takes = ", ".join(sorted(known)) or "none"
+        raise ApiError(422, "invalid_query", f"unknown query parameter {shown} (takes: {takes})")
 
 
 # --- one connection ------------------------------------------------------------------------
@@ -707,7 +718,9 @@ class Connection:
                 if request is None:
                     return
                 started = time.perf_counter()
-                handler, ids = route(request.method, request.path)
+                operation, ids = route(request.method, request.path)
+                _check_query(operation, request.query)
+                handler = operation.handler
                 if handler is None:
                     await self._events(request)
                     return

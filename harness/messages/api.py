@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from harness.messages.model import Delivery, PermissionAction, Rule
 from harness.messages.permission import Reply
@@ -39,7 +39,16 @@ def _path_fits(value: str) -> str:
     return value
 
 
+def _integral(value: object) -> object:
+    # JSON has one number type: 10.0 is the integer 10 (JSON Schema agrees), but strict
+    # mode refuses a float. Any other float, a string or a bool is still refused.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 Directory = Annotated[str, Field(min_length=1), AfterValidator(_path_fits)]
+StepLimit = Annotated[int, Field(ge=1, le=MAX_STEPS), BeforeValidator(_integral)]
 MessageId = Annotated[str, Field(min_length=1, max_length=MAX_ID, pattern=r"^[A-Za-z0-9_\-]+$")]
 
 
@@ -97,7 +106,7 @@ class PromptBody(_Body):
     delivery: Delivery = "queue"
     message_id: MessageId | None = None
     # This turn only: stop after N model steps (reason max_steps), as `run --max-steps`.
-    max_steps: int | None = Field(default=None, ge=1, le=MAX_STEPS)
+    max_steps: StepLimit | None = None
 
 
 class PermissionReplyBody(_Body):
@@ -117,6 +126,22 @@ class QuestionReplyBody(_Body):
     A rejection with a ``message`` lets the model carry on with that message; a bare one
     stops the turn, like a rejected permission.
     """
+
+    # The rule of ``_one_of``, in the document too: a schema-valid body is a valid one.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "oneOf": [
+                {
+                    "required": ["answers"],
+                    "properties": {"answers": {"type": "array"}, "reject": {"const": False}},
+                },
+                {
+                    "required": ["reject"],
+                    "properties": {"answers": {"type": "null"}, "reject": {"const": True}},
+                },
+            ]
+        }
+    )
 
     answers: (
         list[Annotated[list[Answer], Field(max_length=MAX_ANSWERS)]] | None
