@@ -180,7 +180,8 @@ def build_document(routes: Iterable[Route]) -> dict[str, Any]:
             "description": (
                 "HTTP/1.1 + JSON over the daemon's Unix socket (DESIGN §9): "
                 "curl --unix-socket $HARNESS_HOME/harness.sock http://h/v1/health. "
-                'Every 4xx and 5xx answer is {"error": {"code", "message"}}.'
+                'Every 4xx and 5xx answer is {"error": {"code", "message"}}; a method a '
+                "path does not take is a 405 method_not_allowed with an Allow header."
             ),
         },
         "paths": paths,

@@ -19,7 +19,7 @@ import socket as stdlib_socket
 import stat
 import struct
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import cache
@@ -563,6 +563,14 @@ ROUTES: list[Route] = [
 _PATTERNS = [(r.pattern(), r.methods) for r in ROUTES]
 
 
+class MethodNotAllowed(ApiError):
+    """A 405, which must say in an ``Allow`` header what the path takes (RFC 9110 §15.5.6)."""
+
+    def __init__(self, method: str, path: str, allowed: str) -> None:
+        super().__init__(405, "method_not_allowed", f"{method} {path}: use {allowed}")
+        self.allowed = allowed
+
+
 def route(method: str, path: str) -> tuple[Operation, list[str]]:
     """The operation and the path's ids (its handler is ``None`` for the events stream)."""
     for pattern, methods in _PATTERNS:
@@ -570,8 +578,7 @@ def route(method: str, path: str) -> tuple[Operation, list[str]]:
         if match is None:
             continue
         if method not in methods:
-            allowed = ", ".join(sorted(methods))
-            raise ApiError(405, "method_not_allowed", f"{method} {path}: use {allowed}")
+            raise MethodNotAllowed(method, path, ", ".join(sorted(methods)))
         return methods[method], list(match.groups())
     raise ApiError(404, "not_found", f"no route {path}")
 
@@ -695,9 +702,17 @@ class Connection:
                 raise ApiError(400, "bad_request", f"malformed HTTP request: {error}") from None
             raise _ClientGone from error
 
-    async def send_json(self, status: int, body: Any, *, close: bool = False) -> None:
+    async def send_json(
+        self,
+        status: int,
+        body: Any,
+        *,
+        close: bool = False,
+        extra: Sequence[tuple[str, str]] = (),
+    ) -> None:
         data = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
         headers = [("content-type", "application/json"), ("content-length", str(len(data)))]
+        headers += extra
         if close:
             headers.append(("connection", "close"))
         response = h11.Response(status_code=status, headers=headers)
@@ -764,7 +779,8 @@ class Connection:
             raise _ClientGone  # a response already started: nothing better to do than close
         body = {"error": {"code": error.code, "message": error.message}}
         spent = error.status in (408, 413, 500) or self.conn.their_state is h11.ERROR
-        await self.send_json(error.status, body, close=spent)
+        extra = [("allow", error.allowed)] if isinstance(error, MethodNotAllowed) else []
+        await self.send_json(error.status, body, close=spent, extra=extra)
 
     async def _discard_rest(self) -> None:
         """Read what a refused client is still sending, briefly, so that it gets to read
