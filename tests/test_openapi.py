@@ -78,10 +78,7 @@ def test_the_document_validates_as_openapi_3_1() -> None:
 
 def test_importing_the_server_does_not_build_the_document() -> None:
     """Built on the first request: neither ``harness --help`` nor ``serve``'s start pays."""
-    probe = (
-        "import harness.server as s; assert s._document.cache_info().currsize == 0; "
-        "import sys; assert 'openapi_spec_validator' not in sys.modules"
-    )
+    probe = "import harness.server as s; assert s._document.cache_info().currsize == 0"
     subprocess.run([sys.executable, "-c", probe], check=True, timeout=60)
 
 
