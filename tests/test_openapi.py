@@ -446,7 +446,7 @@ def route_status(path: str, method: str) -> int:
 
 
 OPERATIONS = [(route.template, method) for route in server.ROUTES for method in route.methods]
-EXAMPLES = 6  # per operation and mode: ~200 requests in all
+EXAMPLES = 5  # per operation and mode: ~170 requests in all (with the coverage run: ~20 s at load 7)
 
 
 @pytest.mark.parametrize(("path", "method"), OPERATIONS, ids=[f"{m} {p}" for p, m in OPERATIONS])
@@ -489,14 +489,12 @@ def test_the_daemon_answers_as_its_document_says(
 
 COVERAGE_CONFIG = """
 request-timeout = 5.0
-max-stream-events = 20
 
 [phases.coverage]
-unexpected-methods = ["PUT", "OPTIONS"]  # two of the seven: the run stays short
+unexpected-methods = ["PUT"]  # one of the seven: the run stays short
 
-[[operations]]
-include-path = "/v1/events"
-request-timeout = 0.2
+[phases.coverage.generation]
+mode = "negative"  # the invalid half: the fuzzing run above draws the valid boundaries too
 """
 
 
@@ -512,6 +510,8 @@ def test_the_daemon_passes_schemathesis_coverage_phase(live: Live, tmp_path: Pat
             sys.executable, "-m", "schemathesis.cli", "--no-color", "--config-file",
             str(config), "run", f"{live.base_url}/v1/openapi.json", "--phases", "coverage",
             "--exclude-checks", "positive_data_acceptance",
+            # Each stream case waits out its read; the fuzzing run above covers the route.
+            "--exclude-path", "/v1/events",
         ],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )
