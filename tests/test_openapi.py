@@ -446,7 +446,7 @@ def route_status(path: str, method: str) -> int:
 
 
 OPERATIONS = [(route.template, method) for route in server.ROUTES for method in route.methods]
-EXAMPLES = 5  # per operation and mode: ~170 requests in all (with the coverage run: ~20 s at load 7)
+EXAMPLES = 5  # per operation and mode: ~170 requests (with the coverage run ~20 s at load 7)
 
 
 @pytest.mark.parametrize(("path", "method"), OPERATIONS, ids=[f"{m} {p}" for p, m in OPERATIONS])
