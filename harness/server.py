@@ -857,7 +857,14 @@ def sse_frame(event: Event) -> bytes:
 
 
 def _after(request: Request) -> int | None:
-    text = request.headers.get("last-event-id") or request.param("after")
+    """The seq to resume after: ``Last-Event-ID`` wins over ``after``, but a malformed
+    ``after`` is refused even then (it was once ignored beside a good header)."""
+    header = _seq(request.headers.get("last-event-id"))
+    query = _seq(request.param("after"))
+    return header if header is not None else query
+
+
+def _seq(text: str | None) -> int | None:
     if text is None or text == "":
         return None
     # ASCII digits only: "²" passes str.isdigit() and then fails int().

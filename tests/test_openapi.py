@@ -406,6 +406,22 @@ def test_a_405_says_what_the_path_allows(live: Live, method: str, path: str, all
     assert json.loads(body)["error"]["code"] == "method_not_allowed"
 
 
+def test_a_bad_after_is_refused_beside_a_good_last_event_id(live: Live) -> None:
+    """Regression (schemathesis): the header won, so ``after=abc`` went unchecked and the
+    stream opened (200) where the document promises 400."""
+    with socket.create_connection(("127.0.0.1", live.forwarder.port), timeout=10) as sock:
+        sock.sendall(
+            b"GET /v1/events?after=abc HTTP/1.1\r\nhost: h\r\nlast-event-id: 5\r\n"
+            b"connection: close\r\n\r\n"
+        )
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400"), head
+    assert json.loads(body)["error"]["code"] == "bad_after"
+
+
 @pytest.mark.parametrize(
     "path", ["/v1/events?sesion=ses_x", "/v1/sessions?limit=1", "/v1/permissions?after=1"]
 )
