@@ -14,15 +14,15 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import resource
 import socket as stdlib_socket
 import stat
 import struct
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -37,15 +37,30 @@ from harness.config import Config, ConfigError
 from harness.config_files import daemon_cannot_apply, file_rules, read_project
 from harness.messages.api import (
     MAX_ID,
+    CancelAnswer,
     CreateSessionBody,
+    Health,
+    McpStatus,
+    PermissionReplied,
     PermissionReplyBody,
+    PromptAccepted,
     PromptBody,
+    QuestionAnswered,
+    QuestionRejected,
     QuestionReplyBody,
     RevertBody,
+    Reverted,
+    SessionDeleted,
+    SessionDiff,
     UpdateSessionBody,
 )
 from harness.messages.errors import ApiError
 from harness.messages.events import Event
+from harness.messages.model import MessageWithParts, Session
+from harness.messages.permission import PermissionRequest
+from harness.messages.question import QuestionRequest
+from harness.messages.todo import Todo
+from harness.openapi import Operation, Param, Route, build_document
 from harness.providers.errors import ProviderError
 from harness.runtime import Harness, HarnessError, PromptConflict, open_harness
 from harness.snapshots import RevertConflict, SessionBusy, SnapshotError
@@ -176,6 +191,11 @@ class Response:
     body: Any
 
 
+def _json(answer: BaseModel) -> Any:
+    """An answer model as the JSON value sent: its fields in declaration order."""
+    return answer.model_dump(mode="json")
+
+
 # --- handlers: validate, call the Harness, answer --------------------------------------------
 
 
@@ -187,12 +207,12 @@ def _session_or_404(h: Harness, session_id: str) -> Any:
 
 
 async def _health(h: Harness, request: Request) -> Response:
-    body = {"ok": True, "pid": os.getpid(), "last_seq": h.ledger.last_seq()}
-    return Response(200, {**body, "sandbox": h.sandbox.mode})
+    health = Health(pid=os.getpid(), last_seq=h.ledger.last_seq(), sandbox=h.sandbox.mode)
+    return Response(200, _json(health))
 
 
 async def _mcp(h: Harness, request: Request) -> Response:
-    return Response(200, h.mcp_status())
+    return Response(200, _json(McpStatus.model_validate(h.mcp_status())))
 
 
 async def _create_session(h: Harness, request: Request) -> Response:
@@ -254,7 +274,7 @@ async def _get_session(h: Harness, request: Request, session_id: str) -> Respons
 async def _delete_session(h: Harness, request: Request, session_id: str) -> Response:
     _session_or_404(h, session_id)
     await h.delete_session(session_id)
-    return Response(200, {"id": session_id, "deleted": True})
+    return Response(200, _json(SessionDeleted(id=session_id)))
 
 
 async def _messages(h: Harness, request: Request, session_id: str) -> Response:
@@ -278,12 +298,12 @@ async def _prompt(h: Harness, request: Request, session_id: str) -> Response:
         raise ApiError(409, "message_id_conflict", str(error)) from None
     except HarnessError as error:
         raise ApiError(422, "invalid_prompt", str(error)) from None
-    return Response(202, {"message_id": message_id})
+    return Response(202, _json(PromptAccepted(message_id=message_id)))
 
 
 async def _cancel(h: Harness, request: Request, session_id: str) -> Response:
     _session_or_404(h, session_id)
-    return Response(200, {"cancelled": await h.cancel(session_id)})
+    return Response(200, _json(CancelAnswer(cancelled=await h.cancel(session_id))))
 
 
 async def _diff(h: Harness, request: Request, session_id: str) -> Response:
@@ -292,7 +312,8 @@ async def _diff(h: Harness, request: Request, session_id: str) -> Response:
         text, files = await h.diff(session_id, since_message=request.param("since"))
     except SnapshotError as error:
         raise ApiError(422, "invalid_diff", str(error)) from None
-    return Response(200, {"session_id": session_id, "files": files, "diff": text})
+    diff = SessionDiff.model_validate({"session_id": session_id, "files": files, "diff": text})
+    return Response(200, _json(diff))
 
 
 async def _revert(h: Harness, request: Request, session_id: str) -> Response:
@@ -306,7 +327,7 @@ async def _revert(h: Harness, request: Request, session_id: str) -> Response:
         raise ApiError(409, "revert_conflict", str(error)) from None
     except SnapshotError as error:
         raise ApiError(422, "invalid_revert", str(error)) from None
-    return Response(200, result.to_dict())
+    return Response(200, _json(Reverted.model_validate(result.to_dict())))
 
 
 async def _list_permissions(h: Harness, request: Request) -> Response:
@@ -323,7 +344,7 @@ async def _reply_permission(h: Harness, request: Request, request_id: str) -> Re
         request_id, body.reply, body.message, no_terminal=body.no_terminal
     ):
         raise ApiError(404, "not_found", f"no pending permission {request_id}")
-    return Response(200, {"id": request_id, "reply": body.reply})
+    return Response(200, _json(PermissionReplied(id=request_id, reply=body.reply)))
 
 
 async def _todos(h: Harness, request: Request, session_id: str) -> Response:
@@ -351,45 +372,235 @@ async def _reply_question(h: Harness, request: Request, request_id: str) -> Resp
     if not found:
         raise ApiError(404, "not_found", f"no pending question {request_id}")
     if body.answers is None:
-        return Response(200, {"id": request_id, "rejected": True})
-    return Response(200, {"id": request_id, "answers": body.answers})
+        return Response(200, _json(QuestionRejected(id=request_id)))
+    return Response(200, _json(QuestionAnswered(id=request_id, answers=body.answers)))
+
+
+async def _openapi(h: Harness, request: Request) -> Response:
+    return Response(200, _document())
+
+
+@cache
+def _document() -> dict[str, Any]:
+    """Built on the first request, not at import: ``harness --help`` never pays for it."""
+    return build_document(ROUTES)
 
 
 Handler = Callable[..., Awaitable[Response]]
-_ID = r"([A-Za-z0-9_\-]+)"
-ROUTES: list[tuple[re.Pattern[str], dict[str, Handler | None]]] = [
-    (re.compile(r"/v1/health"), {"GET": _health}),
-    (re.compile(r"/v1/mcp"), {"GET": _mcp}),
-    (re.compile(r"/v1/sessions"), {"GET": _list_sessions, "POST": _create_session}),
-    (
-        re.compile(rf"/v1/sessions/{_ID}"),
-        {"GET": _get_session, "PATCH": _update_session, "DELETE": _delete_session},
+_SESSION_FILTER = Param(
+    "session",
+    "Only this session's (a missing session is a 404)",
+    schema={"type": "string", "maxLength": MAX_ID},
+    errors=((404, "not_found"), (422, "invalid_query")),
+)
+_SEQ = {"type": "string", "pattern": r"^[0-9]{0,19}$"}
+_BUSY = (409, "session_busy")
+ROUTES: list[Route] = [
+    Route("/v1/health", {"GET": Operation(_health, "The daemon is up", Health)}),
+    Route(
+        "/v1/mcp",
+        {"GET": Operation(_mcp, "The configured MCP servers and their state", McpStatus)},
     ),
-    (re.compile(rf"/v1/sessions/{_ID}/messages"), {"GET": _messages}),
-    (re.compile(rf"/v1/sessions/{_ID}/prompt"), {"POST": _prompt}),
-    (re.compile(rf"/v1/sessions/{_ID}/cancel"), {"POST": _cancel}),
-    (re.compile(rf"/v1/sessions/{_ID}/diff"), {"GET": _diff}),
-    (re.compile(rf"/v1/sessions/{_ID}/revert"), {"POST": _revert}),
-    (re.compile(rf"/v1/sessions/{_ID}/todos"), {"GET": _todos}),
-    (re.compile(r"/v1/permissions"), {"GET": _list_permissions}),
-    (re.compile(rf"/v1/permissions/{_ID}"), {"POST": _reply_permission}),
-    (re.compile(r"/v1/questions"), {"GET": _list_questions}),
-    (re.compile(rf"/v1/questions/{_ID}"), {"POST": _reply_question}),
-    (re.compile(r"/v1/events"), {"GET": None}),  # None: the event stream, served below
+    Route(
+        "/v1/openapi.json",
+        {"GET": Operation(_openapi, "This document: OpenAPI 3.1", dict[str, Any])},
+    ),
+    Route(
+        "/v1/sessions",
+        {
+            "GET": Operation(_list_sessions, "Every session, newest first", list[Session]),
+            "POST": Operation(
+                _create_session,
+                "Create a session",
+                Session,
+                status=201,
+                body=CreateSessionBody,
+                errors=((422, "invalid_config"), (422, "invalid_session")),
+            ),
+        },
+    ),
+    Route(
+        "/v1/sessions/{session_id}",
+        {
+            "GET": Operation(_get_session, "One session", Session),
+            "PATCH": Operation(
+                _update_session,
+                "Change the settings a later turn uses",
+                Session,
+                body=UpdateSessionBody,
+                errors=(_BUSY,),
+            ),
+            "DELETE": Operation(_delete_session, "Delete a session", SessionDeleted),
+        },
+    ),
+    Route(
+        "/v1/sessions/{session_id}/messages",
+        {"GET": Operation(_messages, "The messages with their parts", list[MessageWithParts])},
+    ),
+    Route(
+        "/v1/sessions/{session_id}/prompt",
+        {
+            "POST": Operation(
+                _prompt,
+                "Queue (or steer with) user input; answered once it is durable",
+                PromptAccepted,
+                status=202,
+                body=PromptBody,
+                errors=((409, "message_id_conflict"), (422, "invalid_prompt")),
+            )
+        },
+    ),
+    Route(
+        "/v1/sessions/{session_id}/cancel",
+        {"POST": Operation(_cancel, "Cancel the running turn", CancelAnswer)},
+    ),
+    Route(
+        "/v1/sessions/{session_id}/diff",
+        {
+            "GET": Operation(
+                _diff,
+                "A unified diff of the files the session changed",
+                SessionDiff,
+                params=(
+                    Param(
+                        "since",
+                        "Only the changes from this message on",
+                        schema={"type": "string", "maxLength": MAX_ID},
+                        errors=((422, "invalid_query"),),
+                    ),
+                ),
+                errors=((422, "invalid_diff"),),
+            )
+        },
+    ),
+    Route(
+        "/v1/sessions/{session_id}/revert",
+        {
+            "POST": Operation(
+                _revert,
+                "Put the files back as they were before a message",
+                Reverted,
+                body=RevertBody,
+                errors=(_BUSY, (409, "revert_conflict"), (422, "invalid_revert")),
+            )
+        },
+    ),
+    Route(
+        "/v1/sessions/{session_id}/todos",
+        {"GET": Operation(_todos, "The session's task list", list[Todo])},
+    ),
+    Route(
+        "/v1/permissions",
+        {
+            "GET": Operation(
+                _list_permissions,
+                "Pending permission asks",
+                list[PermissionRequest],
+                params=(_SESSION_FILTER,),
+            )
+        },
+    ),
+    Route(
+        "/v1/permissions/{permission_id}",
+        {
+            "POST": Operation(
+                _reply_permission,
+                "Answer a pending ask: once, always or reject",
+                PermissionReplied,
+                body=PermissionReplyBody,
+                errors=((404, "not_found"),),
+            )
+        },
+    ),
+    Route(
+        "/v1/questions",
+        {
+            "GET": Operation(
+                _list_questions,
+                "Pending questions",
+                list[QuestionRequest],
+                params=(_SESSION_FILTER,),
+            )
+        },
+    ),
+    Route(
+        "/v1/questions/{question_id}",
+        {
+            "POST": Operation(
+                _reply_question,
+                "Answer a pending question set, or reject it",
+                QuestionAnswered | QuestionRejected,
+                body=QuestionReplyBody,
+                errors=((404, "not_found"), (422, "invalid_answer")),
+            )
+        },
+    ),
+    Route(
+        "/v1/events",
+        {
+            # None: the connection serves the stream itself (Connection._events).
+            "GET": Operation(
+                None,
+                "The event stream (Server-Sent Events)",
+                Event,
+                stream=True,
+                description=(
+                    "`id:` is the ledger seq; `Last-Event-ID` (or `after`) resumes after "
+                    "it. A subscriber that falls too far behind gets a `feed.overflow` "
+                    "event and the stream ends."
+                ),
+                params=(
+                    _SESSION_FILTER,
+                    Param(
+                        "after",
+                        "Only events after this seq",
+                        schema=_SEQ,
+                        errors=((400, "bad_after"),),
+                    ),
+                    Param(
+                        "Last-Event-ID",
+                        "As `after`; wins over it",
+                        where="header",
+                        schema=_SEQ,
+                        errors=((400, "bad_after"),),
+                    ),
+                ),
+            )
+        },
+    ),
 ]
+_PATTERNS = [(r.pattern(), r.methods) for r in ROUTES]
 
 
-def route(method: str, path: str) -> tuple[Handler | None, list[str]]:
-    """The handler and the path's ids; ``None`` means the events stream."""
-    for pattern, methods in ROUTES:
+class MethodNotAllowed(ApiError):
+    """A 405, which must say in an ``Allow`` header what the path takes (RFC 9110 §15.5.6)."""
+
+    def __init__(self, method: str, path: str, allowed: str) -> None:
+        super().__init__(405, "method_not_allowed", f"{method} {path}: use {allowed}")
+        self.allowed = allowed
+
+
+def route(method: str, path: str) -> tuple[Operation, list[str]]:
+    """The operation and the path's ids (its handler is ``None`` for the events stream)."""
+    for pattern, methods in _PATTERNS:
         match = pattern.fullmatch(path)
         if match is None:
             continue
         if method not in methods:
-            allowed = ", ".join(sorted(methods))
-            raise ApiError(405, "method_not_allowed", f"{method} {path}: use {allowed}")
+            raise MethodNotAllowed(method, path, ", ".join(sorted(methods)))
         return methods[method], list(match.groups())
     raise ApiError(404, "not_found", f"no route {path}")
+
+
+def _check_query(operation: Operation, query: dict[str, list[str]]) -> None:
+    """Refuse a query parameter the operation does not read, as a body's unknown field is:
+    ``/v1/events?sesion=ses_1`` would otherwise stream every session's events."""
+    known = {param.name for param in operation.params if param.where == "query"}
+    unknown = sorted(name for name in query if name not in known)
+    if unknown:
+        shown = ", ".join(repr(name[:40]) for name in unknown[:3])
+        takes = ", ".join(sorted(known)) or "none"
+        raise ApiError(422, "invalid_query", f"unknown query parameter {shown} (takes: {takes})")
 
 
 # --- one connection ------------------------------------------------------------------------
@@ -500,9 +711,17 @@ class Connection:
                 raise ApiError(400, "bad_request", f"malformed HTTP request: {error}") from None
             raise _ClientGone from error
 
-    async def send_json(self, status: int, body: Any, *, close: bool = False) -> None:
+    async def send_json(
+        self,
+        status: int,
+        body: Any,
+        *,
+        close: bool = False,
+        extra: Sequence[tuple[str, str]] = (),
+    ) -> None:
         data = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
         headers = [("content-type", "application/json"), ("content-length", str(len(data)))]
+        headers += extra
         if close:
             headers.append(("connection", "close"))
         response = h11.Response(status_code=status, headers=headers)
@@ -523,7 +742,9 @@ class Connection:
                 if request is None:
                     return
                 started = time.perf_counter()
-                handler, ids = route(request.method, request.path)
+                operation, ids = route(request.method, request.path)
+                _check_query(operation, request.query)
+                handler = operation.handler
                 if handler is None:
                     await self._events(request)
                     return
@@ -567,7 +788,8 @@ class Connection:
             raise _ClientGone  # a response already started: nothing better to do than close
         body = {"error": {"code": error.code, "message": error.message}}
         spent = error.status in (408, 413, 500) or self.conn.their_state is h11.ERROR
-        await self.send_json(error.status, body, close=spent)
+        extra = [("allow", error.allowed)] if isinstance(error, MethodNotAllowed) else []
+        await self.send_json(error.status, body, close=spent, extra=extra)
 
     async def _discard_rest(self) -> None:
         """Read what a refused client is still sending, briefly, so that it gets to read
@@ -644,7 +866,14 @@ def sse_frame(event: Event) -> bytes:
 
 
 def _after(request: Request) -> int | None:
-    text = request.headers.get("last-event-id") or request.param("after")
+    """The seq to resume after: ``Last-Event-ID`` wins over ``after``, but a malformed
+    ``after`` is refused even then (it was once ignored beside a good header)."""
+    header = _seq(request.headers.get("last-event-id"))
+    query = _seq(request.param("after"))
+    return header if header is not None else query
+
+
+def _seq(text: str | None) -> int | None:
     if text is None or text == "":
         return None
     # ASCII digits only: "²" passes str.isdigit() and then fails int().

@@ -27,9 +27,10 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from harness.messages import ids
+from harness.messages.api import RevertAction
 from harness.messages.events import NewEvent
 from harness.messages.model import PatchFile, PatchPart
 from harness.messages.names import on_disk
@@ -203,7 +204,7 @@ class RevertConflict(SnapshotError):
         )
 
 
-Action = Literal["restored", "deleted", "recreated", "unchanged"]
+Action = RevertAction  # the API answers it (harness/messages/api.py)
 
 
 @dataclass(slots=True, frozen=True)

@@ -8,9 +8,9 @@ README's API section): one client's 9 MB title would otherwise be in every answe
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from harness.messages.model import Delivery, PermissionAction, Rule
 from harness.messages.permission import Reply
@@ -39,7 +39,16 @@ def _path_fits(value: str) -> str:
     return value
 
 
+def _integral(value: object) -> object:
+    # JSON has one number type: 10.0 is the integer 10 (JSON Schema agrees), but strict
+    # mode refuses a float. Any other float, a string or a bool is still refused.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 Directory = Annotated[str, Field(min_length=1), AfterValidator(_path_fits)]
+StepLimit = Annotated[int, Field(ge=1, le=MAX_STEPS), BeforeValidator(_integral)]
 MessageId = Annotated[str, Field(min_length=1, max_length=MAX_ID, pattern=r"^[A-Za-z0-9_\-]+$")]
 
 
@@ -97,7 +106,7 @@ class PromptBody(_Body):
     delivery: Delivery = "queue"
     message_id: MessageId | None = None
     # This turn only: stop after N model steps (reason max_steps), as `run --max-steps`.
-    max_steps: int | None = Field(default=None, ge=1, le=MAX_STEPS)
+    max_steps: StepLimit | None = None
 
 
 class PermissionReplyBody(_Body):
@@ -118,6 +127,22 @@ class QuestionReplyBody(_Body):
     stops the turn, like a rejected permission.
     """
 
+    # The rule of ``_one_of``, in the document too: a schema-valid body is a valid one.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "oneOf": [
+                {
+                    "required": ["answers"],
+                    "properties": {"answers": {"type": "array"}, "reject": {"const": False}},
+                },
+                {
+                    "required": ["reject"],
+                    "properties": {"answers": {"type": "null"}, "reject": {"const": True}},
+                },
+            ]
+        }
+    )
+
     answers: (
         list[Annotated[list[Answer], Field(max_length=MAX_ANSWERS)]] | None
     ) = Field(default=None, max_length=MAX_ANSWERS)
@@ -129,3 +154,113 @@ class QuestionReplyBody(_Body):
         if self.reject == (self.answers is not None):
             raise ValueError("give either answers (one list per question) or reject: true")
         return self
+
+
+# --- response bodies ---------------------------------------------------------------------
+# What the daemon answers, as models: the server builds each answer through one of these
+# (so a field added to an answer without its model fails loudly, in tests, rather than
+# drifting from the document), and ``GET /v1/openapi.json`` is generated from them.
+
+RevertAction = Literal["restored", "deleted", "recreated", "unchanged"]
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorDetail(_Answer):
+    code: str = Field(description="A stable machine-readable code, e.g. not_found, invalid_body")
+    message: str = Field(description="What went wrong, for a person")
+
+
+class ErrorBody(_Answer):
+    """Every 4xx and 5xx answer of the daemon: ``{"error": {"code", "message"}}``."""
+
+    error: ErrorDetail
+
+
+class Health(_Answer):
+    ok: Literal[True] = True
+    pid: int = Field(description="The daemon's process id")
+    last_seq: int = Field(description="The ledger's last event seq (0: none yet)")
+    sandbox: str = Field(description="What commands run under: workspace-write, read-only or off")
+
+
+class McpServerStatus(_Answer):
+    """One configured MCP server, as ``harness mcp`` prints it."""
+
+    name: str
+    transport: Literal["stdio", "http"] | str
+    state: Literal["idle", "starting", "running", "failed", "exited", "disabled"]
+    tools: int = Field(description="How many of its tools the model is offered")
+    schema_tokens: int = Field(description="Estimated tokens its tools' schemas take")
+    last_error: str | None
+    prompts: list[str] = []
+    resources: bool = False
+    warnings: list[str] = []
+
+
+class McpStatus(_Answer):
+    """The daemon's MCP servers: idle until a turn first starts them (DESIGN §12)."""
+
+    servers: list[McpServerStatus]
+    schema_tokens: int
+    search_threshold: int
+    tool_search: bool = Field(description="Whether the model gets mcp_search instead")
+
+
+class SessionDeleted(_Answer):
+    id: str
+    deleted: Literal[True] = True
+
+
+class PromptAccepted(_Answer):
+    """The input is durable; the turn runs after this answer (follow it on /v1/events)."""
+
+    message_id: str
+
+
+class CancelAnswer(_Answer):
+    cancelled: bool = Field(description="Whether a turn was running or queued to cancel")
+
+
+class DiffFile(_Answer):
+    path: str
+    added: int
+    removed: int
+
+
+class SessionDiff(_Answer):
+    session_id: str
+    files: list[DiffFile]
+    diff: str = Field(description="A unified diff of every file the session changed")
+
+
+class RevertedFile(_Answer):
+    path: str = Field(description="The absolute path")
+    shown: str = Field(description="The path as shown: relative to the session directory")
+    action: RevertAction
+    before: str | None = Field(description="The content hash before the revert (None: no file)")
+    after: str | None = Field(description="The content hash after it (None: no file)")
+
+
+class Reverted(_Answer):
+    id: str = Field(description="The revert's id (rev_…)")
+    session_id: str
+    message_id: str
+    files: list[RevertedFile]
+
+
+class PermissionReplied(_Answer):
+    id: str
+    reply: Reply
+
+
+class QuestionAnswered(_Answer):
+    id: str
+    answers: list[list[str]]
+
+
+class QuestionRejected(_Answer):
+    id: str
+    rejected: Literal[True] = True
