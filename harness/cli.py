@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from harness.commands import (
+    acp,
     answer,
     approve,
     cancel,
@@ -53,7 +54,8 @@ __all__ = ["EXIT_CANCELLED", "EXIT_ERROR", "EXIT_OK", "EXIT_USAGE", "UsageError"
 
 # In the order ``harness --help`` lists them.
 COMMANDS = (
-    run, serve, config, sessions, show, trace, diff, revert, events, cancel, approve, deny, answer
+    run, serve, config, sessions, show, trace, diff, revert, events, cancel, approve, deny, answer,
+    acp,
 )
 
 

@@ -1,0 +1,227 @@
+"""Harness events and stored parts as ACP ``session/update`` payloads (``acp.schema``).
+
+One ``Translator`` per prompt (or per replay) turns what the harness publishes into the
+updates an editor shows: text deltas become ``agent_message_chunk``, reasoning deltas
+``agent_thought_chunk``, a tool part's first sighting ``tool_call`` and its later states
+``tool_call_update``, and the task list (``todo.updated``) a ``plan``. Only the session's
+own events are shown: a child session (the ``task`` tool) is one tool call of its parent.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from acp import schema
+
+from harness.messages.events import Event
+from harness.messages.model import MessageWithParts, ReasoningPart, TextPart, ToolPart
+from harness.messages.todo import Todo
+
+# A tool's name → the ACP kind an editor picks its icon and treatment by.
+TOOL_KINDS: dict[str, schema.ToolKind] = {
+    "read": "read",
+    "todoread": "read",
+    "write": "edit",
+    "edit": "edit",
+    "apply_patch": "edit",
+    "bash": "execute",
+    "glob": "search",
+    "grep": "search",
+    "list": "search",
+    "webfetch": "fetch",
+    "todowrite": "think",
+    "task": "think",
+    "question": "other",
+}
+STATUSES: dict[str, schema.ToolCallStatus] = {
+    "pending": "pending",
+    "running": "in_progress",
+    "completed": "completed",
+    "error": "failed",
+}
+# The argument that says best what a call does, by tool, for its title.
+_SUBJECT = ("command", "path", "pattern", "url", "description", "name")
+# What a tool result may put in one update: an editor shows it, the ledger keeps it all.
+MAX_CONTENT = 64 * 1024
+
+Update = (
+    schema.AgentMessageChunk
+    | schema.AgentThoughtChunk
+    | schema.UserMessageChunk
+    | schema.ToolCallStart
+    | schema.ToolCallProgress
+    | schema.AgentPlanUpdate
+)
+
+
+def dump(model: Any) -> dict[str, Any]:
+    """A schema model as the wire has it: camelCase aliases, no nulls."""
+    result: dict[str, Any] = model.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return result
+
+
+def notification(session_id: str, update: Update) -> dict[str, Any]:
+    return dump(schema.SessionNotification(session_id=session_id, update=update))
+
+
+def _text(text: str) -> schema.TextContentBlock:
+    return schema.TextContentBlock(type="text", text=text)
+
+
+def tool_kind(tool: str) -> schema.ToolKind:
+    return TOOL_KINDS.get(tool, "other")
+
+
+def tool_title(tool: str, arguments: dict[str, Any], title: str = "") -> str:
+    if title:
+        return title[:300]
+    for key in _SUBJECT:
+        value = arguments.get(key)
+        if isinstance(value, str) and value.strip():
+            return f"{tool} {value.strip().splitlines()[0][:200]}"
+    return tool
+
+
+def locations(directory: str, arguments: dict[str, Any]) -> list[schema.ToolCallLocation]:
+    """The file a call reads or changes, absolute, for an editor's follow-along."""
+    path = arguments.get("path")
+    if not isinstance(path, str) or not path or "\0" in path:
+        return []
+    full = Path(directory, path) if not Path(path).is_absolute() else Path(path)
+    offset = arguments.get("offset")
+    usable = isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0
+    line = offset if usable else None
+    return [schema.ToolCallLocation(path=str(full), line=line)]
+
+
+def _content(text: str) -> list[schema.ContentToolCallContent]:
+    if len(text) > MAX_CONTENT:
+        text = text[:MAX_CONTENT] + f"\n… ({len(text) - MAX_CONTENT} more characters)"
+    return [schema.ContentToolCallContent(type="content", content=_text(text))]
+
+
+def plan(todos: list[dict[str, Any]]) -> schema.AgentPlanUpdate:
+    """The task list as a plan; ACP has no ``cancelled`` entry, so one is shown done and
+    says so."""
+    entries = []
+    for raw in todos:
+        todo = Todo.model_validate(raw)
+        content, status = todo.content, todo.status
+        if status == "cancelled":
+            content, status = f"{content} (cancelled)", "completed"
+        entries.append(schema.PlanEntry(content=content, priority=todo.priority, status=status))
+    return schema.AgentPlanUpdate(session_update="plan", entries=entries)
+
+
+class Translator:
+    """The updates for one session's events, remembering what it already sent: a tool
+    call is announced once, then updated; streamed text is not sent twice."""
+
+    def __init__(self, session_id: str, directory: str) -> None:
+        self.session_id = session_id
+        self.directory = directory
+        self._calls: dict[str, str] = {}  # call id → the last status sent
+        self._streamed: dict[str, int] = {}  # text/reasoning part id → characters sent
+
+    def updates(self, event: Event) -> list[Update]:
+        if event.session_id != self.session_id:
+            return []
+        data = event.data
+        if event.type == "part.delta":
+            part_id, delta = data.get("part_id", ""), data.get("delta", "")
+            if not delta:
+                return []
+            self._streamed[part_id] = self._streamed.get(part_id, 0) + len(delta)
+            return [self._chunk(data.get("field") == "reasoning", delta)]
+        if event.type in ("part.created", "part.updated"):
+            kind = data.get("type")
+            if kind == "tool":
+                return self.tool(ToolPart.model_validate(data))
+            if kind in ("text", "reasoning") and data.get("end") is not None:
+                return self._rest_of(data)
+            return []
+        if event.type == "todo.updated":
+            return [plan(data.get("todos") or [])]
+        return []
+
+    def _chunk(self, reasoning: bool, text: str) -> Update:
+        if reasoning:
+            thought = _text(text)
+            return schema.AgentThoughtChunk(session_update="agent_thought_chunk", content=thought)
+        return schema.AgentMessageChunk(session_update="agent_message_chunk", content=_text(text))
+
+    def _rest_of(self, data: dict[str, Any]) -> list[Update]:
+        """A finished text part: whatever of it no delta carried (a subscriber that fell
+        behind, a text restored from the ledger), so the editor's copy is whole."""
+        if data.get("synthetic"):
+            return []
+        text: str = data.get("text", "")
+        sent = self._streamed.pop(data.get("id", ""), 0)
+        rest = text[sent:]
+        return [self._chunk(data.get("type") == "reasoning", rest)] if rest else []
+
+    def tool(self, part: ToolPart) -> list[Update]:
+        state = part.state
+        status = STATUSES[state.status]
+        previous = self._calls.get(part.call_id)
+        if previous == status:
+            return []
+        self._calls[part.call_id] = status
+        arguments = state.input
+        title = tool_title(part.tool, arguments, getattr(state, "title", ""))
+        content = None
+        raw_output: Any = None
+        if state.status == "completed":
+            content, raw_output = _content(state.output), state.metadata or None
+        elif state.status == "error":
+            content = _content(state.error)
+        if previous is None:
+            return [
+                schema.ToolCallStart(
+                    session_update="tool_call",
+                    tool_call_id=part.call_id,
+                    title=title,
+                    kind=tool_kind(part.tool),
+                    status=status,
+                    raw_input=arguments or None,
+                    locations=locations(self.directory, arguments) or None,
+                    content=content,
+                    raw_output=raw_output,
+                )
+            ]
+        return [
+            schema.ToolCallProgress(
+                session_update="tool_call_update",
+                tool_call_id=part.call_id,
+                title=title,
+                status=status,
+                raw_input=arguments or None,
+                content=content,
+                raw_output=raw_output,
+            )
+        ]
+
+    def history(self, messages: list[MessageWithParts], todos: list[Todo]) -> list[Update]:
+        """A stored session as the updates that would have shown it (``session/load``)."""
+        updates: list[Update] = []
+        for message in messages:
+            info = message.info
+            if info.role == "assistant" and info.mode == "compaction":
+                continue  # a summary of earlier turns the editor already shows
+            for part in message.parts:
+                if isinstance(part, TextPart) and part.text and not part.synthetic:
+                    if info.role == "user":
+                        chunk: Update = schema.UserMessageChunk(
+                            session_update="user_message_chunk", content=_text(part.text)
+                        )
+                        updates.append(chunk)
+                    else:
+                        updates.append(self._chunk(False, part.text))
+                elif isinstance(part, ReasoningPart) and part.text:
+                    updates.append(self._chunk(True, part.text))
+                elif isinstance(part, ToolPart):
+                    updates += self.tool(part)
+        if todos:
+            updates.append(plan([todo.model_dump() for todo in todos]))
+        return updates
