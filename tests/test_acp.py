@@ -1,0 +1,371 @@
+"""``harness acp`` over its real stdin/stdout: a subprocess per test, the scripted model.
+
+Each test plays an editor: it sends JSON-RPC lines, answers the agent's permission
+requests, and reads the ``session/update`` notifications in the order they came.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from tests.acp_client import AcpProcess, acp_agent, harness_cli
+
+
+def _script(tmp_path: Path, turns: list[dict[str, Any]], name: str = "script.json") -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(turns))
+    return f"scripted:{path}"
+
+
+async def _open(agent: AcpProcess, project: Path) -> str:
+    init = await agent.request("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
+    assert init["result"]["protocolVersion"] == 1
+    new = await agent.request("session/new", {"cwd": str(project), "mcpServers": []})
+    session_id: str = new["result"]["sessionId"]
+    return session_id
+
+
+def _updates(agent: AcpProcess, kind: str) -> list[dict[str, Any]]:
+    return [u["update"] for u in agent.updates if u["update"]["sessionUpdate"] == kind]
+
+
+def _prompt(session_id: str, text: str) -> dict[str, Any]:
+    return {"sessionId": session_id, "prompt": [{"type": "text", "text": text}]}
+
+
+async def test_initialize_says_what_the_agent_can_do(tmp_path: Path) -> None:
+    async with acp_agent(tmp_path / "home", "--model", "scripted:/none") as agent:
+        answer = await agent.request(
+            "initialize",
+            {"protocolVersion": 1, "clientCapabilities": {"fs": {"readTextFile": True}}},
+        )
+    result = answer["result"]
+    assert result["protocolVersion"] == 1
+    capabilities = result["agentCapabilities"]
+    assert capabilities["loadSession"] is True
+    assert capabilities["promptCapabilities"]["embeddedContext"] is True
+    assert result["agentInfo"]["name"] == "harness"
+    assert result["authMethods"] == []
+
+
+async def test_a_prompt_with_a_tool_call_streams_its_updates_in_order(
+    tmp_path: Path, project: Path
+) -> None:
+    model = _script(
+        tmp_path,
+        [
+            {
+                "reasoning": "the notes file should say",
+                "tool_calls": [{"name": "read", "arguments": {"path": "notes.txt"}}],
+            },
+            {"text": "The notes mention marker-7f3a.", "chunks": 4},
+        ],
+    )
+    async with acp_agent(tmp_path / "home", "--model", model) as agent:
+        session_id = await _open(agent, project)
+        question = _prompt(session_id, "what do the notes say?")
+        answer = await agent.request("session/prompt", question)
+    assert answer["result"]["stopReason"] == "end_turn"
+    assert all(update["sessionId"] == session_id for update in agent.updates)
+    kinds = agent.kinds()
+    # thought, then the call announced and updated, then the answer
+    assert kinds[0] == "agent_thought_chunk"
+    first_call = kinds.index("tool_call")
+    assert kinds[first_call + 1 :].count("tool_call") == 0
+    last_update = len(kinds) - 1 - kinds[::-1].index("tool_call_update")
+    first_text = kinds.index("agent_message_chunk")
+    assert first_call < last_update < first_text
+    assert agent.text("agent_thought_chunk") == "the notes file should say"
+    assert agent.text() == "The notes mention marker-7f3a."
+    call = next(u["update"] for u in agent.updates if u["update"]["sessionUpdate"] == "tool_call")
+    assert call["kind"] == "read"
+    assert call["locations"] == [{"path": str(project / "notes.txt")}]
+    assert call["rawInput"] == {"path": "notes.txt"}
+    updates = _updates(agent, "tool_call_update")
+    assert [u["status"] for u in updates] == ["in_progress", "completed"]
+    assert all(u["toolCallId"] == call["toolCallId"] for u in updates)
+    output = updates[-1]["content"][0]["content"]["text"]
+    assert "marker-7f3a line two" in output
+
+
+async def test_a_session_is_an_ordinary_harness_session(tmp_path: Path, project: Path) -> None:
+    """In the ledger, listed by `harness sessions` (while the agent runs, too), and
+    resumable by `harness run --session` once the agent is gone."""
+    home = tmp_path / "home"
+    model = _script(tmp_path, [{"text": "first answer"}, {"text": "second answer"}])
+    async with acp_agent(home, "--model", model) as agent:
+        session_id = await _open(agent, project)
+        answer = await agent.request("session/prompt", _prompt(session_id, "hello"))
+        assert answer["result"]["stopReason"] == "end_turn"
+        listed = await trio.to_thread.run_sync(
+            harness_cli, home, ["sessions", "--json"], tmp_path
+        )
+        assert session_id in listed.stdout, listed.stderr
+    resumed = harness_cli(
+        home, ["run", "--embedded", "--session", session_id, "--model", model, "again"], tmp_path
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.strip() == "second answer"
+
+
+def _write_script(tmp_path: Path) -> str:
+    return _script(
+        tmp_path,
+        [
+            {"tool_calls": [{"name": "write", "arguments": {"path": "new.txt", "content": "hi"}}]},
+            {"text": "wrote it"},
+        ],
+    )
+
+
+async def test_a_permission_allowed_once_by_the_client_lets_the_call_run(
+    tmp_path: Path, project: Path
+) -> None:
+    async with acp_agent(tmp_path / "home", "--model", _write_script(tmp_path)) as agent:
+        session_id = await _open(agent, project)
+        answer = await agent.request("session/prompt", _prompt(session_id, "write new.txt"))
+    assert answer["result"]["stopReason"] == "end_turn"
+    assert (project / "new.txt").read_text() == "hi"
+    [asked] = agent.permission_requests
+    assert asked["sessionId"] == session_id
+    assert {o["optionId"]: o["kind"] for o in asked["options"]} == {
+        "allow_once": "allow_once",
+        "allow_always": "allow_always",
+        "reject_once": "reject_once",
+    }
+    assert asked["toolCall"]["kind"] == "edit"
+    assert "new.txt" in asked["toolCall"]["title"]
+    statuses = [
+        u["update"].get("status")
+        for u in agent.updates
+        if u["update"]["sessionUpdate"] in ("tool_call", "tool_call_update")
+    ]
+    assert statuses[-1] == "completed"
+    assert agent.text() == "wrote it"
+
+
+async def test_a_permission_rejected_by_the_client_stops_the_turn_and_writes_nothing(
+    tmp_path: Path, project: Path
+) -> None:
+    async with acp_agent(
+        tmp_path / "home", "--model", _write_script(tmp_path), choose=lambda params: "reject_once"
+    ) as agent:
+        session_id = await _open(agent, project)
+        answer = await agent.request("session/prompt", _prompt(session_id, "write new.txt"))
+    assert answer["result"]["stopReason"] == "refusal"
+    assert not (project / "new.txt").exists()
+    assert len(agent.permission_requests) == 1
+    last = _updates(agent, "tool_call_update")
+    assert last[-1]["status"] == "failed"
+    assert "rejected" in last[-1]["content"][0]["content"]["text"]
+
+
+async def test_an_always_allow_is_kept_for_the_next_call(tmp_path: Path, project: Path) -> None:
+    model = _script(
+        tmp_path,
+        [
+            {"tool_calls": [{"name": "write", "arguments": {"path": "a.txt", "content": "a"}}]},
+            {"tool_calls": [{"name": "write", "arguments": {"path": "a.txt", "content": "b"}}]},
+            {"text": "written twice"},
+        ],
+    )
+    async with acp_agent(
+        tmp_path / "home", "--model", model, choose=lambda params: "allow_always"
+    ) as agent:
+        session_id = await _open(agent, project)
+        answer = await agent.request("session/prompt", _prompt(session_id, "write a.txt twice"))
+    assert answer["result"]["stopReason"] == "end_turn"
+    assert (project / "a.txt").read_text() == "b"
+    assert len(agent.permission_requests) == 1  # the second write was allowed by "always"
+
+
+async def test_cancel_mid_turn_stops_the_running_command(tmp_path: Path, project: Path) -> None:
+    model = _script(
+        tmp_path,
+        [
+            {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 30"}}]},
+            {"text": "never reached"},
+        ],
+    )
+    async with acp_agent(tmp_path / "home", "--model", model, "--allow", "bash") as agent:
+        session_id = await _open(agent, project)
+        await agent.send(
+            {
+                "jsonrpc": "2.0",
+                "id": 7,
+                "method": "session/prompt",
+                "params": _prompt(session_id, "sleep"),
+            }
+        )
+        await agent.wait_for(
+            lambda: any(u["update"].get("status") == "in_progress" for u in agent.updates)
+        )
+        started = trio.current_time()
+        await agent.send(
+            {"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": session_id}}
+        )
+        answer = await agent.response(7, seconds=15)
+        elapsed = trio.current_time() - started
+        assert answer["result"]["stopReason"] == "cancelled"
+        assert elapsed < 10
+        calls = [u["update"] for u in agent.updates if u["update"].get("toolCallId")]
+        assert calls[-1]["status"] == "failed"
+        # The session takes the next prompt: the agent is still serving.
+        again = await agent.request("session/prompt", _prompt(session_id, "go on"))
+        assert "result" in again
+
+
+async def test_load_replays_an_earlier_session_and_continues_it(
+    tmp_path: Path, project: Path
+) -> None:
+    home = tmp_path / "home"
+    model = _script(
+        tmp_path,
+        [
+            {"tool_calls": [{"name": "read", "arguments": {"path": "notes.txt"}}]},
+            {"text": "read the notes"},
+            {"text": "still here"},
+        ],
+    )
+    async with acp_agent(home, "--model", model) as first:
+        session_id = await _open(first, project)
+        await first.request("session/prompt", _prompt(session_id, "read the notes"))
+    async with acp_agent(home, "--model", model) as second:
+        await second.request("initialize", {"protocolVersion": 1})
+        loaded = await second.request(
+            "session/load", {"sessionId": session_id, "cwd": str(project), "mcpServers": []}
+        )
+        assert "result" in loaded, loaded
+        replay = list(second.updates)
+        answer = await second.request("session/prompt", _prompt(session_id, "are you there?"))
+    assert [u["update"]["sessionUpdate"] for u in replay] == [
+        "user_message_chunk",
+        "tool_call",
+        "agent_message_chunk",
+    ]
+    assert replay[0]["update"]["content"]["text"] == "read the notes"
+    call = replay[1]["update"]
+    assert call["status"] == "completed" and call["kind"] == "read"
+    assert "marker-7f3a" in call["content"][0]["content"]["text"]
+    assert replay[2]["update"]["content"]["text"] == "read the notes"
+    assert answer["result"]["stopReason"] == "end_turn"
+    assert second.text().endswith("still here")
+
+
+async def test_load_of_an_unknown_session_is_an_error(tmp_path: Path, project: Path) -> None:
+    async with acp_agent(tmp_path / "home", "--model", "scripted:/none") as agent:
+        answer = await agent.request(
+            "session/load", {"sessionId": "ses_nope", "cwd": str(project), "mcpServers": []}
+        )
+        prompt = await agent.request("session/prompt", _prompt("ses_nope", "hi"))
+    assert answer["error"]["code"] == -32002
+    assert prompt["error"]["code"] == -32002
+
+
+async def test_the_todo_list_becomes_a_plan(tmp_path: Path, project: Path) -> None:
+    todos = [
+        {"content": "read the code", "status": "completed", "priority": "high"},
+        {"content": "write the fix", "status": "in_progress"},
+        {"content": "old idea", "status": "cancelled", "priority": "low"},
+    ]
+    model = _script(
+        tmp_path,
+        [{"tool_calls": [{"name": "todowrite", "arguments": {"todos": todos}}]}, {"text": "ok"}],
+    )
+    async with acp_agent(tmp_path / "home", "--model", model) as agent:
+        session_id = await _open(agent, project)
+        await agent.request("session/prompt", _prompt(session_id, "plan it"))
+    [plan] = [u["update"] for u in agent.updates if u["update"]["sessionUpdate"] == "plan"]
+    assert plan["entries"] == [
+        {"content": "read the code", "priority": "high", "status": "completed"},
+        {"content": "write the fix", "priority": "medium", "status": "in_progress"},
+        {"content": "old idea (cancelled)", "priority": "low", "status": "completed"},
+    ]
+
+
+async def test_mcp_servers_of_session_new_are_accepted(tmp_path: Path, project: Path) -> None:
+    server = {"name": "files", "command": "/usr/bin/true", "args": [], "env": []}
+    async with acp_agent(tmp_path / "home", "--model", "scripted:/none") as agent:
+        answer = await agent.request(
+            "session/new", {"cwd": str(project), "mcpServers": [server]}
+        )
+    assert answer["result"]["sessionId"].startswith("ses_")
+
+
+async def test_a_failing_model_is_an_error_response_not_a_crash(
+    tmp_path: Path, project: Path
+) -> None:
+    model = _script(tmp_path, [{"error": {"kind": "auth", "message": "bad key"}}, {"text": "ok"}])
+    async with acp_agent(tmp_path / "home", "--model", model) as agent:
+        session_id = await _open(agent, project)
+        answer = await agent.request("session/prompt", _prompt(session_id, "hi"))
+        assert answer["error"]["code"] == -32603
+        assert "bad key" in answer["error"]["message"]
+        assert "result" in await agent.request("initialize", {"protocolVersion": 1})
+
+
+def _call(method: str, params: Any) -> bytes:
+    return json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).encode()
+
+
+BAD_LINES: list[tuple[bytes, int]] = [
+    (b"this is not json", -32700),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "initialize"', -32700),  # cut short
+    (b"\xff\xfe{}", -32700),  # not UTF-8
+    (b"[" * 100_000 + b"]" * 100_000, -32700),  # nested past any parser's depth
+    (b"[]", -32600),  # a batch
+    (b"42", -32600),
+    (b'{"id": 1, "method": "initialize", "params": {}}', -32600),  # no jsonrpc
+    (b'{"jsonrpc": "1.0", "id": 1, "method": "initialize"}', -32600),
+    (b'{"jsonrpc": "2.0", "id": {"x": 1}, "method": "initialize"}', -32600),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": 12}', -32600),
+    (b'{"jsonrpc": "2.0", "id": 1}', -32600),  # neither a request nor a response
+    (_call("no/such/method", {}), -32601),
+    (_call("session/new", [1, 2]), -32602),
+    (_call("session/new", {}), -32602),
+    (_call("session/new", {"cwd": 5}), -32602),
+    (_call("session/new", {"cwd": "relative", "mcpServers": []}), -32602),
+    (_call("session/new", {"cwd": "/no/such/dir", "mcpServers": []}), -32602),
+    (_call("session/prompt", {"sessionId": 3}), -32602),
+    (_call("session/prompt", {"sessionId": "x", "prompt": [{"type": "video"}]}), -32602),
+    (_call("initialize", {"protocolVersion": -4}), -32602),
+    (_call("session/load", {"sessionId": "x"}), -32602),
+]
+
+
+@pytest.mark.parametrize(("line", "code"), BAD_LINES, ids=range(len(BAD_LINES)))
+async def test_garbage_gets_a_json_rpc_error_and_the_agent_keeps_serving(
+    tmp_path: Path, project: Path, line: bytes, code: int
+) -> None:
+    async with acp_agent(tmp_path / "home", "--model", "scripted:/none") as agent:
+        await agent.send_raw(line + b"\n")
+        await agent.wait_for(lambda: bool(agent.unsolicited) or 1 in agent.responses)
+        error = (agent.unsolicited or [agent.responses.get(1)])[0]
+        assert error is not None and error["error"]["code"] == code, error
+        assert isinstance(error["error"]["message"], str) and error["error"]["message"]
+        assert "result" in await agent.request("initialize", {"protocolVersion": 1})
+
+
+async def test_a_huge_line_is_refused_and_the_next_one_served(tmp_path: Path) -> None:
+    async with acp_agent(tmp_path / "home", "--model", "scripted:/none") as agent:
+        huge = b'{"jsonrpc":"2.0","id":5,"method":"initialize","params":{"x":"' + b"a" * (17 << 20)
+        await agent.send_raw(huge + b'"}}\n')
+        await agent.wait_for(lambda: bool(agent.unsolicited))
+        assert agent.unsolicited[0]["error"]["code"] == -32600
+        assert "longer than" in agent.unsolicited[0]["error"]["message"]
+        assert 5 not in agent.responses
+        assert "result" in await agent.request("initialize", {"protocolVersion": 1})
+
+
+async def test_unknown_notifications_and_stray_responses_get_no_answer(tmp_path: Path) -> None:
+    async with acp_agent(tmp_path / "home", "--model", "scripted:/none") as agent:
+        await agent.send({"jsonrpc": "2.0", "method": "no/such/thing", "params": {}})
+        await agent.send({"jsonrpc": "2.0", "method": "session/cancel", "params": {"x": 1}})
+        await agent.send({"jsonrpc": "2.0", "id": 99999, "result": {"outcome": "whatever"}})
+        assert "result" in await agent.request("initialize", {"protocolVersion": 1})
+        assert agent.unsolicited == [] and list(agent.responses) == []
