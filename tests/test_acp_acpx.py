@@ -97,7 +97,8 @@ def test_acpx_approves_an_edit_and_gets_the_answer(
     answer = "".join(u["content"]["text"] for u in chunks)
     assert answer == "Added a docstring to main()."
     # The session acpx made is an ordinary one: `harness sessions` lists it.
-    [session_id] = [m["result"]["sessionId"] for m in messages if "sessionId" in m.get("result", {})]
+    results = [m["result"] for m in messages if "result" in m]
+    [session_id] = [r["sessionId"] for r in results if "sessionId" in r]
     listed = harness_cli(tmp_path / "home", ["sessions", "--json"], tmp_path)
     assert session_id in listed.stdout
 
