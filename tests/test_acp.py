@@ -369,3 +369,45 @@ async def test_unknown_notifications_and_stray_responses_get_no_answer(tmp_path:
         await agent.send({"jsonrpc": "2.0", "id": 99999, "result": {"outcome": "whatever"}})
         assert "result" in await agent.request("initialize", {"protocolVersion": 1})
         assert agent.unsolicited == [] and list(agent.responses) == []
+
+
+def _question_script(tmp_path: Path, options: list[dict[str, str]]) -> str:
+    question = {"question": "Which database?", "header": "db", "options": options}
+    return _script(
+        tmp_path,
+        [
+            {"tool_calls": [{"name": "question", "arguments": {"questions": [question]}}]},
+            {"text": "noted"},
+        ],
+    )
+
+
+async def test_a_question_with_options_is_a_choice_for_the_client(
+    tmp_path: Path, project: Path
+) -> None:
+    model = _question_script(tmp_path, [{"label": "SQLite"}, {"label": "Postgres"}])
+    async with acp_agent(
+        tmp_path / "home", "--model", model, choose=lambda params: "option-1"
+    ) as agent:
+        session_id = await _open(agent, project)
+        answer = await agent.request("session/prompt", _prompt(session_id, "pick one"))
+    assert answer["result"]["stopReason"] == "end_turn"
+    [asked] = agent.permission_requests
+    assert asked["toolCall"]["title"] == "Which database?"
+    assert [o["name"] for o in asked["options"]] == ["SQLite", "Postgres", "Dismiss"]
+    done = _updates(agent, "tool_call_update")[-1]
+    assert done["status"] == "completed"
+    assert "Postgres" in done["content"][0]["content"]["text"]
+
+
+async def test_a_free_text_question_tells_the_model_to_decide(
+    tmp_path: Path, project: Path
+) -> None:
+    async with acp_agent(tmp_path / "home", "--model", _question_script(tmp_path, [])) as agent:
+        session_id = await _open(agent, project)
+        answer = await agent.request("session/prompt", _prompt(session_id, "ask me"))
+    assert answer["result"]["stopReason"] == "end_turn"  # the model carries on
+    assert agent.permission_requests == []
+    done = _updates(agent, "tool_call_update")[-1]
+    assert "best judgement" in done["content"][0]["content"]["text"]
+    assert agent.text() == "noted"

@@ -109,6 +109,7 @@ class AcpAgent:
         self.flags = flags
         self.sessions: dict[str, _Session] = {}
         self._started_in = project_path(Path.cwd())
+        self._sandbox_noticed = False
 
     @property
     def methods(self) -> dict[str, jsonrpc.Handler]:
@@ -273,7 +274,11 @@ class AcpAgent:
             async for event in events:
                 for update in translator.updates(event):
                     await self.connection.notify("session/update", notification(session.id, update))
-                if event.type == "turn.started" and session.cancel_requested:
+                if event.type == "sandbox.unavailable" and not self._sandbox_noticed:
+                    # Where an editor keeps its agent's log: commands ran unsandboxed.
+                    self._sandbox_noticed = True
+                    print(f"harness: {event.data.get('notice')}", file=sys.stderr, flush=True)
+                elif event.type == "turn.started" and session.cancel_requested:
                     await self.h.cancel(session.id)  # the cancel came before the turn began
                 elif event.type == "permission.asked":
                     asks.start_soon(self._ask_permission, session, event)
@@ -432,7 +437,8 @@ async def _stdio() -> AsyncIterator[tuple[trio.lowlevel.FdStream, trio.lowlevel.
 
 async def serve_acp(config: Config, flags: SessionFlags) -> None:
     """``harness acp``: the agent on stdin/stdout until the client closes stdin."""
-    async with open_harness(config) as h, _stdio() as (receive, send):
+    # The protocol's streams first: whatever starts after them cannot write on stdout.
+    async with _stdio() as (receive, send), open_harness(config) as h:
         connection = Connection(receive, send)
         agent = AcpAgent(h, connection, flags)
         log.info("acp serving", model=config.model)
