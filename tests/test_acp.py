@@ -7,6 +7,7 @@ requests, and reads the ``session/update`` notifications in the order they came.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 import trio
 
 from tests.acp_client import AcpProcess, acp_agent, harness_cli
+from tests.procs import alive_with
 
 
 def _script(tmp_path: Path, turns: list[dict[str, Any]], name: str = "script.json") -> str:
@@ -411,3 +413,31 @@ async def test_a_free_text_question_tells_the_model_to_decide(
     done = _updates(agent, "tool_call_update")[-1]
     assert "best judgement" in done["content"][0]["content"]["text"]
     assert agent.text() == "noted"
+
+
+async def test_the_client_going_away_mid_turn_ends_the_agent_and_its_commands(
+    tmp_path: Path, project: Path
+) -> None:
+    marker = f"sleep 41.{os.getpid()}"  # a command line no other test runs
+    model = _script(
+        tmp_path,
+        [{"tool_calls": [{"name": "bash", "arguments": {"command": marker}}]}, {"text": "x"}],
+    )
+    async with acp_agent(tmp_path / "home", "--model", model, "--allow", "bash") as agent:
+        session_id = await _open(agent, project)
+        await agent.send(
+            {
+                "jsonrpc": "2.0",
+                "id": 7,
+                "method": "session/prompt",
+                "params": _prompt(session_id, "go"),
+            }
+        )
+        await agent.wait_for(
+            lambda: any(u["update"].get("status") == "in_progress" for u in agent.updates)
+        )
+        assert alive_with(marker)
+        # Leaving the block closes the agent's stdin; it must exit 0 by itself (acp_agent).
+    with trio.fail_after(10):
+        while alive_with(marker):
+            await trio.sleep(0.05)
