@@ -441,3 +441,32 @@ async def test_the_client_going_away_mid_turn_ends_the_agent_and_its_commands(
     with trio.fail_after(10):
         while alive_with(marker):
             await trio.sleep(0.05)
+
+
+async def test_a_sessions_model_and_rules_come_from_its_project_file(
+    tmp_path: Path, project: Path
+) -> None:
+    """No --model: the project file of the session's cwd names the model and allows the
+    edit, as it would for `harness run --dir`."""
+    model = _write_script(tmp_path)
+    (project / ".harness").mkdir()
+    (project / ".harness" / "config.toml").write_text(
+        f'model = "{model}"\n[permission]\nedit = "allow"\n'
+    )
+    async with acp_agent(tmp_path / "home") as agent:
+        session_id = await _open(agent, project)
+        answer = await agent.request("session/prompt", _prompt(session_id, "write new.txt"))
+    assert answer["result"]["stopReason"] == "end_turn"
+    assert agent.permission_requests == []
+    assert (project / "new.txt").read_text() == "hi"
+
+
+async def test_a_project_file_that_configures_the_harness_is_refused_elsewhere(
+    tmp_path: Path, project: Path
+) -> None:
+    (project / ".harness").mkdir()
+    (project / ".harness" / "config.toml").write_text('sandbox = "off"\n')
+    async with acp_agent(tmp_path / "home", "--model", "scripted:/none") as agent:
+        answer = await agent.request("session/new", {"cwd": str(project), "mcpServers": []})
+    assert answer["error"]["code"] == -32602
+    assert "sandbox" in answer["error"]["message"]

@@ -108,7 +108,9 @@ class AcpAgent:
         self.connection = connection
         self.flags = flags
         self.sessions: dict[str, _Session] = {}
-        self._started_in = project_path(Path.cwd())
+        # The project file the harness-wide settings were read from (see _session_settings).
+        started_in = project_path(Path.cwd())
+        self._started_in = started_in.resolve() if started_in is not None else None
         self._sandbox_noticed = False
 
     @property
@@ -162,7 +164,7 @@ class AcpAgent:
             settings = load_settings(directory)
         except ConfigError as error:
             raise RpcError(INVALID_PARAMS, str(error)) from None
-        if project is not None and project[0] != (self._started_in and self._started_in.resolve()):
+        if project is not None and project[0] != self._started_in:
             local = daemon_cannot_apply(project[1])
             if local:
                 raise RpcError(
