@@ -470,3 +470,35 @@ async def test_a_project_file_that_configures_the_harness_is_refused_elsewhere(
         answer = await agent.request("session/new", {"cwd": str(project), "mcpServers": []})
     assert answer["error"]["code"] == -32602
     assert "sandbox" in answer["error"]["message"]
+
+
+def test_a_terminal_is_left_blocking_as_it_was(tmp_path: Path) -> None:
+    """Run by hand on a terminal, the agent must not leave the shell's terminal in
+    non-blocking mode (Trio's FdStream sets it on the file the shell shares)."""
+    import pty
+    import subprocess
+    import sys
+    import time
+
+    from tests.acp_client import agent_env
+
+    leader, follower = pty.openpty()
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "harness", "acp", "--model", "scripted:/none"],
+            stdin=follower,
+            stdout=follower,
+            stderr=subprocess.DEVNULL,
+            env=agent_env(tmp_path / "home"),
+            cwd=tmp_path,
+        )
+        deadline = time.monotonic() + 30
+        while os.get_blocking(follower) and time.monotonic() < deadline:
+            time.sleep(0.02)  # until the agent has taken the terminal
+        assert not os.get_blocking(follower)
+        os.write(leader, b"\x04")  # end of file on a terminal: the client is gone
+        assert process.wait(timeout=30) == 0
+        assert os.get_blocking(follower)
+    finally:
+        os.close(leader)
+        os.close(follower)

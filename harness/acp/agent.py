@@ -433,8 +433,11 @@ async def _stdio() -> AsyncIterator[tuple[trio.lowlevel.FdStream, trio.lowlevel.
         yield receive, send
     finally:
         with trio.CancelScope(shield=True):
-            await receive.aclose()
+            # Each FdStream puts back the blocking mode it found. On a terminal both are
+            # one file, shared with the shell, and the second found it non-blocking
+            # already: closed in reverse order, the file ends as the shell left it.
             await send.aclose()
+            await receive.aclose()
 
 
 async def serve_acp(config: Config, flags: SessionFlags) -> None:
