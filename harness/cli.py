@@ -1,5 +1,6 @@
 """The command line (DESIGN §9): ``serve``, ``run``, ``sessions``, ``show``, ``events``,
-``cancel``, ``approve``, ``deny``, ``answer``, ``trace``, ``diff``, ``revert``, ``config``.
+``cancel``, ``approve``, ``deny``, ``answer``, ``trace``, ``diff``, ``revert``, ``config``,
+``acp`` (DESIGN §13).
 
 This module holds what every command shares: the top-level parser, the dispatch to a
 command's handler, and the exit code for whatever a handler raised. Each command is a

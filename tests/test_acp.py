@@ -148,6 +148,8 @@ async def test_a_permission_allowed_once_by_the_client_lets_the_call_run(
         if u["update"]["sessionUpdate"] in ("tool_call", "tool_call_update")
     ]
     assert statuses[-1] == "completed"
+    done = _updates(agent, "tool_call_update")[-1]
+    assert done["content"][0] == {"type": "diff", "path": str(project / "new.txt"), "newText": "hi"}
     assert agent.text() == "wrote it"
 
 

@@ -96,6 +96,15 @@ def test_acpx_approves_an_edit_and_gets_the_answer(
     chunks = [u for u in updates if u["sessionUpdate"] == "agent_message_chunk"]
     answer = "".join(u["content"]["text"] for u in chunks)
     assert answer == "Added a docstring to main()."
+    [call] = [u for u in updates if u["sessionUpdate"] == "tool_call"]
+    assert call["content"] == [  # the change to review, shown before it is allowed
+        {
+            "type": "diff",
+            "path": str(project / "main.py"),
+            "oldText": "def main():\n",
+            "newText": 'def main():\n    """Print a greeting."""\n',
+        }
+    ]
     # The session acpx made is an ordinary one: `harness sessions` lists it.
     results = [m["result"] for m in messages if "result" in m]
     [session_id] = [r["sessionId"] for r in results if "sessionId" in r]

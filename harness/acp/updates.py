@@ -83,19 +83,50 @@ def tool_title(tool: str, arguments: dict[str, Any], title: str = "") -> str:
     return tool
 
 
+def _path(directory: str, arguments: dict[str, Any]) -> Path | None:
+    path = arguments.get("path", arguments.get("filePath"))  # OpenCode's name too
+    if not isinstance(path, str) or not path or "\0" in path:
+        return None
+    return Path(path) if Path(path).is_absolute() else Path(directory, path)
+
+
 def locations(directory: str, arguments: dict[str, Any]) -> list[schema.ToolCallLocation]:
     """The file a call reads or changes, absolute, for an editor's follow-along."""
-    path = arguments.get("path")
-    if not isinstance(path, str) or not path or "\0" in path:
+    path = _path(directory, arguments)
+    if path is None:
         return []
-    full = Path(directory, path) if not Path(path).is_absolute() else Path(path)
     offset = arguments.get("offset")
     usable = isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0
-    line = offset if usable else None
-    return [schema.ToolCallLocation(path=str(full), line=line)]
+    return [schema.ToolCallLocation(path=str(path), line=offset if usable else None)]
 
 
-def _content(text: str) -> list[schema.ContentToolCallContent]:
+Content = schema.ContentToolCallContent | schema.FileEditToolCallContent
+
+
+def diffs(
+    tool: str, directory: str, arguments: dict[str, Any], metadata: dict[str, Any]
+) -> list[Content]:
+    """What an edit changes, as a diff an editor shows beside the call (and while it asks
+    for permission): the replaced text and its replacement. A write is a diff once it
+    created the file; nothing is read from the disk to make one (the path is the model's)."""
+    path = _path(directory, arguments)
+    if path is None:
+        return []
+    old: str | None = None
+    if tool == "edit":
+        old, new = arguments.get("old_string"), arguments.get("new_string")
+    elif tool == "write" and metadata.get("created") is True:
+        new = arguments.get("content")
+    else:
+        return []
+    if not isinstance(new, str) or not isinstance(old, str | None):
+        return []
+    if len(new) + len(old or "") > MAX_CONTENT:
+        return []
+    return [schema.FileEditToolCallContent(type="diff", path=str(path), old_text=old, new_text=new)]
+
+
+def _content(text: str) -> list[Content]:
     if len(text) > MAX_CONTENT:
         text = text[:MAX_CONTENT] + f"\n… ({len(text) - MAX_CONTENT} more characters)"
     return [schema.ContentToolCallContent(type="content", content=_text(text))]
@@ -170,10 +201,12 @@ class Translator:
         self._calls[part.call_id] = status
         arguments = state.input
         title = tool_title(part.tool, arguments, getattr(state, "title", ""))
-        content = None
+        metadata = getattr(state, "metadata", {})
+        changes = diffs(part.tool, self.directory, arguments, metadata)
+        content: list[Content] | None = changes or None
         raw_output: Any = None
         if state.status == "completed":
-            content, raw_output = _content(state.output), state.metadata or None
+            content, raw_output = [*changes, *_content(state.output)], metadata or None
         elif state.status == "error":
             content = _content(state.error)
         if previous is None:
