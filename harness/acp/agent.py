@@ -16,6 +16,7 @@ comes from the directory ``harness acp`` started in, as for a run there.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -42,7 +43,7 @@ from harness.acp.updates import Translator, dump, notification, tool_kind
 from harness.agents import UnknownAgentError
 from harness.config import Config, ConfigError
 from harness.config_files import daemon_cannot_apply, load_settings, project_path, read_project
-from harness.messages.events import Event, TurnResult, finished_turn
+from harness.messages.events import Event, TurnResult, finished_turn, wait_turn_finished
 from harness.messages.model import Rule
 from harness.messages.permission import Reply
 from harness.providers.errors import ProviderError
@@ -68,6 +69,7 @@ PERMISSION_REPLIES: dict[str, Reply] = {
     "allow_always": "always",
     "reject_once": "reject",
 }
+SHUTDOWN_SECONDS = 10.0  # how long a closing agent waits for its cancelled turns to be recorded
 CANNOT_ASK = (
     "the editor can only choose among options: go on with your best judgement and state "
     "the assumptions you make"
@@ -300,6 +302,24 @@ class AcpAgent:
         session.cancel_requested = True
         await self.h.cancel(session.id)
 
+    async def cancel_turns(self) -> None:
+        """The client is gone: cancel the turns of its sessions still running and wait
+        until each has recorded its end (the open calls as cancelled), as ``harness run``
+        does on Ctrl-C, rather than leave them for the next start to find interrupted."""
+        running = [
+            session_id
+            for session_id in self.sessions
+            if self.h.session(session_id).status in ("busy", "retry")
+        ]
+        async with trio.open_nursery() as nursery:
+            for session_id in running:
+                nursery.start_soon(self._cancel_and_wait, session_id)
+
+    async def _cancel_and_wait(self, session_id: str) -> None:
+        async with self.h.subscribe(session_id) as events:
+            if await self.h.cancel(session_id):
+                await wait_turn_finished(events, session_id=session_id)
+
     # --- asks ---------------------------------------------------------------------------
 
     async def _ask_permission(self, session: _Session, event: Event) -> None:
@@ -447,5 +467,21 @@ async def serve_acp(config: Config, flags: SessionFlags) -> None:
         connection = Connection(receive, send)
         agent = AcpAgent(h, connection, flags)
         log.info("acp serving", model=config.model)
-        await connection.serve(agent.methods, agent.notifications)
-    log.info("acp client closed the connection")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
+            await connection.serve(agent.methods, agent.notifications)
+            nursery.cancel_scope.cancel()
+        with trio.move_on_after(SHUTDOWN_SECONDS):
+            await agent.cancel_turns()
+    log.info("acp stopped")
+
+
+async def _stop_on_signal(scope: trio.CancelScope) -> None:
+    """An editor closing its agent sends SIGTERM (or SIGHUP with its terminal): stop as
+    when stdin closes, so running turns are recorded as cancelled and their commands'
+    process groups killed, rather than left for the next start to reap."""
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP) as signals:
+        async for number in signals:
+            log.info("acp signal", signal=signal.Signals(number).name)
+            scope.cancel()
+            return
