@@ -42,6 +42,8 @@ class AcpProcess:
         self._arrived = trio.Condition()
         self._next_id = 1000
         self.closed = False
+        self.reading = trio.Event()  # cleared: stop reading stdout (a slow editor)
+        self.reading.set()
 
     async def send_raw(self, data: bytes) -> None:
         assert self.process.stdin is not None
@@ -80,7 +82,11 @@ class AcpProcess:
     async def read(self) -> None:
         assert self.process.stdout is not None
         buffer = b""
-        async for chunk in self.process.stdout:
+        while True:
+            await self.reading.wait()
+            chunk = await self.process.stdout.receive_some(65536)
+            if not chunk:
+                break
             buffer += chunk
             *lines, buffer = buffer.split(b"\n")
             for line in lines:

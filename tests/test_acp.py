@@ -547,3 +547,46 @@ async def test_sigterm_mid_turn_stops_cleanly(tmp_path: Path, project: Path) -> 
             assert await agent.process.wait() == 0
     assert not alive_with(marker)
     assert _tool_statuses(home, session_id) == ["error"]
+
+
+async def test_a_client_slow_to_read_loses_no_update(tmp_path: Path, project: Path) -> None:
+    """The client stops reading while a step makes thousands of events: the agent's
+    subscription falls behind and is cut off; it takes the turn up again from the ledger,
+    and every call still reaches the client with its final status."""
+    calls = 1100  # several events each: past a subscriber's 4,096-event buffer
+    turn = {
+        "tool_calls": [
+            {"name": "glob", "arguments": {"pattern": f"z{n}"}} for n in range(calls)
+        ]
+    }
+    model = _script(tmp_path, [turn, {"text": "globbed it all", "chunks": 3}])
+    logs = tmp_path / "home" / "logs"
+
+    def logged(text: str) -> bool:
+        return any(text in f.read_text() for f in logs.glob("acp-*.jsonl"))
+
+    async with acp_agent(tmp_path / "home", "--model", model) as agent:
+        session_id = await _open(agent, project)
+        agent.reading = trio.Event()  # not reading from now on
+        await agent.send(
+            {
+                "jsonrpc": "2.0",
+                "id": 9,
+                "method": "session/prompt",
+                "params": _prompt(session_id, "go"),
+            }
+        )
+        with trio.fail_after(120):
+            while not logged('"turn finished"'):
+                await trio.sleep(0.2)
+        agent.reading.set()
+        answer = await agent.response(9, seconds=120)
+    assert logged("acp client fell behind")
+    assert answer["result"]["stopReason"] == "end_turn"
+    final: dict[str, str] = {}
+    for update in agent.updates:
+        if update["update"].get("toolCallId"):
+            final[update["update"]["toolCallId"]] = update["update"].get("status", "")
+    assert len(final) == calls
+    assert set(final.values()) == {"completed"}
+    assert agent.text() == "globbed it all"

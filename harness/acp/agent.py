@@ -269,30 +269,51 @@ class AcpAgent:
         return dump(schema.PromptResponse(stop_reason=reason))
 
     async def _follow_turn(self, session: _Session, text: str) -> TurnResult:
+        """Prompt, then turn the turn's events into updates until it finishes. A client
+        slow to read its stdout may make the subscription fall behind: it is then taken
+        up again from the ledger, so no tool call, plan or text is lost (only the live
+        deltas in between: the finished text parts fill them in)."""
         translator = Translator(session.id, session.directory)
-        async with self.h.subscribe(session.id) as events, trio.open_nursery() as asks:
-            try:
-                message_id = await self.h.prompt(session.id, text, max_steps=session.max_steps)
-            except HarnessError as error:
-                raise RpcError(INVALID_PARAMS, str(error)) from None
-            async for event in events:
-                for update in translator.updates(event):
-                    await self.connection.notify("session/update", notification(session.id, update))
-                if event.type == "sandbox.unavailable" and not self._sandbox_noticed:
-                    # Where an editor keeps its agent's log: commands ran unsandboxed.
-                    self._sandbox_noticed = True
-                    print(f"harness: {event.data.get('notice')}", file=sys.stderr, flush=True)
-                elif event.type == "turn.started" and session.cancel_requested:
-                    await self.h.cancel(session.id)  # the cancel came before the turn began
-                elif event.type == "permission.asked":
-                    asks.start_soon(self._ask_permission, session, event)
-                elif event.type == "question.asked":
-                    asks.start_soon(self._ask_questions, session, event)
-                result = finished_turn(event, message_id=message_id)
-                if result is not None:
-                    asks.cancel_scope.cancel()  # an ask still open belongs to the turn
-                    return result
-        raise RpcError(INTERNAL_ERROR, "the harness stopped before the turn finished")
+        message_id: str | None = None
+        after: int | None = None
+        async with trio.open_nursery() as asks:
+            while True:
+                async with self.h.follow(session.id, after) as events:
+                    if message_id is None:
+                        try:
+                            message_id = await self.h.prompt(
+                                session.id, text, max_steps=session.max_steps
+                            )
+                        except HarnessError as error:
+                            raise RpcError(INVALID_PARAMS, str(error)) from None
+                    async for event in events:
+                        if event.type == "feed.overflow":
+                            log.info("acp client fell behind", session_id=session.id)
+                            after = events.last_seq
+                            break
+                        await self._show(session, translator, event, asks)
+                        result = finished_turn(event, message_id=message_id)
+                        if result is not None:
+                            asks.cancel_scope.cancel()  # an ask still open belongs to the turn
+                            return result
+                    else:
+                        raise RpcError(INTERNAL_ERROR, "the harness stopped before the turn ended")
+
+    async def _show(
+        self, session: _Session, translator: Translator, event: Event, asks: trio.Nursery
+    ) -> None:
+        for update in translator.updates(event):
+            await self.connection.notify("session/update", notification(session.id, update))
+        if event.type == "sandbox.unavailable" and not self._sandbox_noticed:
+            # Where an editor keeps its agent's log: commands ran unsandboxed.
+            self._sandbox_noticed = True
+            print(f"harness: {event.data.get('notice')}", file=sys.stderr, flush=True)
+        elif event.type == "turn.started" and session.cancel_requested:
+            await self.h.cancel(session.id)  # the cancel came before the turn began
+        elif event.type == "permission.asked":
+            asks.start_soon(self._ask_permission, session, event)
+        elif event.type == "question.asked":
+            asks.start_soon(self._ask_questions, session, event)
 
     async def cancel(self, params: Params) -> None:
         request = schema.CancelNotification.model_validate(params)
