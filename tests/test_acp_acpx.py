@@ -11,6 +11,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,13 @@ def acpx() -> Path:
 
 
 def _run_acpx(
-    acpx: Path, tmp_path: Path, project: Path, model: str, *flags: str, prompt: str
+    acpx: Path,
+    tmp_path: Path,
+    project: Path,
+    model: str,
+    *flags: str,
+    prompt: str,
+    command: tuple[str, ...] = ("exec",),
 ) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
     agent = shlex.join([sys.executable, "-m", "harness", "acp", "--model", model])
     env = agent_env(tmp_path / "home")
@@ -41,7 +48,7 @@ def _run_acpx(
     (tmp_path / "user").mkdir(exist_ok=True)
     result = subprocess.run(
         [str(acpx), "--agent", agent, *flags, "--format", "json", "--cwd", str(project),
-         "exec", prompt],
+         *command, *([prompt] if prompt else [])],
         capture_output=True,
         text=True,
         env=env,
@@ -126,3 +133,36 @@ def test_acpx_denying_the_edit_leaves_the_file_alone(
     assert final["result"]["stopReason"] == "refusal", result.stderr[-3000:]
     statuses = [u.get("status") for u in _updates(messages) if u.get("toolCallId")]
     assert statuses[-1] == "failed"
+
+
+def test_acpx_reconnects_to_its_session_with_session_load(
+    acpx: Path, tmp_path: Path, project: Path
+) -> None:
+    """acpx's persistent sessions: `sessions new`, then each `prompt` starts `harness acp`
+    afresh (its queue owner gone) and takes the session up again with session/load."""
+    path = tmp_path / "turns.json"
+    path.write_text(json.dumps([{"text": "first answer"}, {"text": "second answer"}]))
+    model = f"scripted:{path}"
+    queues = tmp_path / "user" / ".acpx" / "queues"
+    created, _ = _run_acpx(
+        acpx, tmp_path, project, model, prompt="", command=("sessions", "new")
+    )
+    assert created.returncode == 0, created.stderr[-3000:]
+    replies = []
+    for text in ("one", "two"):
+        result, messages = _run_acpx(
+            acpx, tmp_path, project, model, "--ttl", "0.1", prompt=text, command=("prompt",)
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        replies.append(messages)
+        deadline = time.monotonic() + 30
+        while any(queues.glob("*")) and time.monotonic() < deadline:
+            time.sleep(0.05)  # until acpx's queue owner, and with it harness acp, is gone
+    loads = [m["params"] for m in replies[1] if m.get("method") == "session/load"]
+    assert len(loads) == 1
+    session_id = loads[0]["sessionId"]
+    chunks = [u for u in _updates(replies[1]) if u["sessionUpdate"] == "agent_message_chunk"]
+    answer = "".join(u["content"]["text"] for u in chunks)
+    assert answer.endswith("second answer")
+    listed = json.loads(harness_cli(tmp_path / "home", ["sessions", "--json"], tmp_path).stdout)
+    assert [s["id"] for s in listed] == [session_id]  # one session, prompted twice
