@@ -137,9 +137,10 @@ async def acp_agent(
     cwd: Path | None = None,
     choose: Choose = allow_once,
     stderr: Path | None = None,
+    exit_code: int = 0,
 ) -> AsyncIterator[AcpProcess]:
     """``harness acp ARGS`` under ``home``; on leaving, stdin is closed and the agent must
-    exit 0 by itself."""
+    exit by itself, with ``exit_code``."""
     err_path = stderr or home.parent / "acp-stderr.txt"
     home.mkdir(parents=True, exist_ok=True)
     err = os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -163,7 +164,7 @@ async def acp_agent(
             await process.stdin.aclose()
             with trio.fail_after(20):
                 code = await process.wait()
-            assert code == 0, err_path.read_text()[-3000:]
+            assert code == exit_code, err_path.read_text()[-3000:]
     finally:
         if process.returncode is None:
             process.kill()

@@ -590,3 +590,20 @@ async def test_a_client_slow_to_read_loses_no_update(tmp_path: Path, project: Pa
     assert len(final) == calls
     assert set(final.values()) == {"completed"}
     assert agent.text() == "globbed it all"
+
+
+async def test_a_ledger_held_by_another_process_is_an_error_the_editor_sees(
+    tmp_path: Path, project: Path
+) -> None:
+    home = tmp_path / "home"
+    async with acp_agent(home, "--model", "scripted:/none") as holder:
+        await _open(holder, project)  # this agent holds the ledger
+        async with acp_agent(
+            home, "--model", "scripted:/none", exit_code=1, stderr=tmp_path / "second.txt"
+        ) as second:
+            answer = await second.request("initialize", {"protocolVersion": 1})
+            assert answer["error"]["code"] == -32603
+            assert "in use" in answer["error"]["message"]
+            unknown = await second.request("no/such", {})
+            assert unknown["error"]["code"] == -32601
+        assert "in use" in (tmp_path / "second.txt").read_text()

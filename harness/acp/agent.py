@@ -15,6 +15,7 @@ comes from the directory ``harness acp`` started in, as for a run there.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -27,7 +28,7 @@ from typing import Any
 import structlog
 import trio
 from acp import schema
-from acp.meta import PROTOCOL_VERSION
+from acp.meta import AGENT_METHODS, PROTOCOL_VERSION
 
 from harness.acp import jsonrpc
 from harness.acp.jsonrpc import (
@@ -48,6 +49,7 @@ from harness.messages.model import Rule
 from harness.messages.permission import Reply
 from harness.providers.errors import ProviderError
 from harness.runtime import Harness, HarnessError, open_harness
+from harness.storage.ledger import LedgerError
 
 log = structlog.get_logger("harness.acp")
 
@@ -484,8 +486,13 @@ async def _stdio() -> AsyncIterator[tuple[trio.lowlevel.FdStream, trio.lowlevel.
 async def serve_acp(config: Config, flags: SessionFlags) -> None:
     """``harness acp``: the agent on stdin/stdout until the client closes stdin."""
     # The protocol's streams first: whatever starts after them cannot write on stdout.
-    async with _stdio() as (receive, send), open_harness(config) as h:
+    async with _stdio() as (receive, send), contextlib.AsyncExitStack() as stack:
         connection = Connection(receive, send)
+        try:
+            h = await stack.enter_async_context(open_harness(config))
+        except LedgerError as error:
+            await _refuse(connection, str(error))
+            raise SystemExit(1) from None
         agent = AcpAgent(h, connection, flags)
         log.info("acp serving", model=config.model)
         async with trio.open_nursery() as nursery:
@@ -495,6 +502,21 @@ async def serve_acp(config: Config, flags: SessionFlags) -> None:
         with trio.move_on_after(SHUTDOWN_SECONDS):
             await agent.cancel_turns()
     log.info("acp stopped")
+
+
+async def _refuse(connection: Connection, reason: str) -> None:
+    """No harness to serve with (its ledger is another process's): say why on stderr and
+    in answer to every request, where an editor shows it, until the client gives up."""
+    print(f"harness: {reason}", file=sys.stderr, flush=True)
+
+    async def refused(params: Params) -> None:
+        raise RpcError(INTERNAL_ERROR, f"harness cannot start: {reason}")
+
+    methods = dict.fromkeys(AGENT_METHODS.values(), refused)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
+        await connection.serve(methods, {})
+        nursery.cancel_scope.cancel()
 
 
 async def _stop_on_signal(scope: trio.CancelScope) -> None:
