@@ -607,3 +607,23 @@ async def test_a_ledger_held_by_another_process_is_an_error_the_editor_sees(
             unknown = await second.request("no/such", {})
             assert unknown["error"]["code"] == -32601
         assert "in use" in (tmp_path / "second.txt").read_text()
+
+
+async def test_a_known_secret_never_reaches_the_editor(tmp_path: Path, project: Path) -> None:
+    """Not in the live text either, whose deltas the ledger never redacts: even split
+    across two deltas (12 pieces of 4 characters: the key spans several)."""
+    secret = "sk-test-5f1d0c2a9b8e7d6c"
+    model = _script(
+        tmp_path, [{"text": f"the key is {secret}, of course", "chunks": 12, "chunk_delay": 0.06}]
+    )
+    os.environ["OPENAI_API_KEY"] = secret  # the agent's environment is built from ours
+    try:
+        async with acp_agent(tmp_path / "home", "--model", model) as agent:
+            session_id = await _open(agent, project)
+            await agent.request("session/prompt", _prompt(session_id, "what is the key?"))
+    finally:
+        del os.environ["OPENAI_API_KEY"]
+    assert agent.text() == "the key is [REDACTED:OPENAI_API_KEY], of course"
+    chunks = [u["content"]["text"] for u in _updates(agent, "agent_message_chunk")]
+    assert len(chunks) > 3  # it streamed, the key held back only while it could be one
+    assert not any(secret[:8] in chunk for chunk in chunks)

@@ -49,6 +49,7 @@ from harness.messages.model import Rule
 from harness.messages.permission import Reply
 from harness.providers.errors import ProviderError
 from harness.runtime import Harness, HarnessError, open_harness
+from harness.secrets import redact_data
 from harness.storage.ledger import LedgerError
 
 log = structlog.get_logger("harness.acp")
@@ -296,6 +297,10 @@ class AcpAgent:
                         await self._show(session, translator, event, asks)
                         result = finished_turn(event, message_id=message_id)
                         if result is not None:
+                            for update in translator.flush():
+                                await self.connection.notify(
+                                    "session/update", notification(session.id, update)
+                                )
                             asks.cancel_scope.cancel()  # an ask still open belongs to the turn
                             return result
                     else:
@@ -487,7 +492,9 @@ async def serve_acp(config: Config, flags: SessionFlags) -> None:
     """``harness acp``: the agent on stdin/stdout until the client closes stdin."""
     # The protocol's streams first: whatever starts after them cannot write on stdout.
     async with _stdio() as (receive, send), contextlib.AsyncExitStack() as stack:
-        connection = Connection(receive, send)
+        # What the editor gets passes redaction, as whatever the CLI prints does: live
+        # text is never stored, so the ledger's redaction has not seen it.
+        connection = Connection(receive, send, scrub=redact_data)
         try:
             h = await stack.enter_async_context(open_harness(config))
         except LedgerError as error:

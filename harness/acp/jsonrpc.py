@@ -94,10 +94,12 @@ class Connection:
         send: trio.abc.SendStream,
         *,
         max_line: int = MAX_LINE,
+        scrub: Callable[[Any], Any] | None = None,
     ) -> None:
         self._receive = receive
         self._send = send
         self._max_line = max_line
+        self._scrub = scrub  # applied to every message sent (redaction of known secrets)
         self._write_lock = trio.Lock()
         self._next_id = 0
         self._waiting: dict[int, _Waiter] = {}
@@ -106,6 +108,8 @@ class Connection:
     # --- sending ------------------------------------------------------------------------
 
     async def _write(self, message: Mapping[str, Any]) -> None:
+        if self._scrub is not None:
+            message = self._scrub(message)
         line = json.dumps(message, ensure_ascii=False, separators=(",", ":")) + "\n"
         async with self._write_lock:
             await self._send.send_all(line.encode("utf-8"))

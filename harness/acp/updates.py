@@ -17,6 +17,7 @@ from acp import schema
 from harness.messages.events import Event
 from harness.messages.model import MessageWithParts, ReasoningPart, TextPart, ToolPart
 from harness.messages.todo import Todo
+from harness.secrets import redact, secret_start_at_end
 
 # A tool's name → the ACP kind an editor picks its icon and treatment by.
 TOOL_KINDS: dict[str, schema.ToolKind] = {
@@ -153,18 +154,17 @@ class Translator:
         self.session_id = session_id
         self.directory = directory
         self._calls: dict[str, str] = {}  # call id → the last status sent
-        self._streamed: dict[str, int] = {}  # text/reasoning part id → characters sent
+        self._sent: dict[str, str] = {}  # text/reasoning part id → its text sent so far
+        # The streaming part and the end of its text held back: it could begin a secret.
+        self._open: tuple[str, bool] | None = None
+        self._held = ""
 
     def updates(self, event: Event) -> list[Update]:
         if event.session_id != self.session_id:
             return []
         data = event.data
         if event.type == "part.delta":
-            part_id, delta = data.get("part_id", ""), data.get("delta", "")
-            if not delta:
-                return []
-            self._streamed[part_id] = self._streamed.get(part_id, 0) + len(delta)
-            return [self._chunk(data.get("field") == "reasoning", delta)]
+            return self._delta(data.get("part_id", ""), data.get("field") == "reasoning", data)
         if event.type in ("part.created", "part.updated"):
             kind = data.get("type")
             if kind == "tool":
@@ -182,15 +182,43 @@ class Translator:
             return schema.AgentThoughtChunk(session_update="agent_thought_chunk", content=thought)
         return schema.AgentMessageChunk(session_update="agent_message_chunk", content=_text(text))
 
+    def _delta(self, part_id: str, reasoning: bool, data: dict[str, Any]) -> list[Update]:
+        """Live text, redacted, less any end of it that could begin a known secret: that
+        waits for the next piece (a secret split across two deltas is still caught)."""
+        updates = self.flush() if self._open is not None and self._open[0] != part_id else []
+        self._open = (part_id, reasoning)
+        text = redact(self._held + str(data.get("delta", "")))
+        keep = secret_start_at_end(text)
+        ready, self._held = text[: len(text) - keep], text[len(text) - keep :]
+        if ready:
+            self._sent[part_id] = self._sent.get(part_id, "") + ready
+            updates.append(self._chunk(reasoning, ready))
+        return updates
+
+    def flush(self) -> list[Update]:
+        """What was held back of the streaming part: it began no secret after all."""
+        if self._open is None:
+            return []
+        (part_id, reasoning), held = self._open, self._held
+        self._open, self._held = None, ""
+        if not held:
+            return []
+        self._sent[part_id] = self._sent.get(part_id, "") + held
+        return [self._chunk(reasoning, held)]
+
     def _rest_of(self, data: dict[str, Any]) -> list[Update]:
         """A finished text part: whatever of it no delta carried (a subscriber that fell
         behind, a text restored from the ledger), so the editor's copy is whole."""
+        part_id = data.get("id", "")
+        updates = self.flush() if self._open is not None and self._open[0] == part_id else []
         if data.get("synthetic"):
-            return []
-        text: str = data.get("text", "")
-        sent = self._streamed.pop(data.get("id", ""), 0)
-        rest = text[sent:]
-        return [self._chunk(data.get("type") == "reasoning", rest)] if rest else []
+            return updates
+        text: str = data.get("text", "")  # redacted by the ledger, as the deltas were here
+        sent = self._sent.pop(part_id, "")
+        if not text.startswith(sent):
+            return updates  # not the text streamed: the editor keeps what it was shown
+        rest = text[len(sent) :]
+        return updates + ([self._chunk(data.get("type") == "reasoning", rest)] if rest else [])
 
     def tool(self, part: ToolPart) -> list[Update]:
         state = part.state
