@@ -84,7 +84,10 @@ class AcpProcess:
         buffer = b""
         while True:
             await self.reading.wait()
-            chunk = await self.process.stdout.receive_some(65536)
+            try:
+                chunk = await self.process.stdout.receive_some(65536)
+            except trio.ClosedResourceError:  # the test closed our end of the agent's stdout
+                break
             if not chunk:
                 break
             buffer += chunk
@@ -165,6 +168,7 @@ async def acp_agent(
             with trio.fail_after(20):
                 code = await process.wait()
             assert code == exit_code, err_path.read_text()[-3000:]
+            nursery.cancel_scope.cancel()  # a reader told to stop reading waits no more
     finally:
         if process.returncode is None:
             process.kill()

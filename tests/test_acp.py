@@ -627,3 +627,31 @@ async def test_a_known_secret_never_reaches_the_editor(tmp_path: Path, project: 
     chunks = [u["content"]["text"] for u in _updates(agent, "agent_message_chunk")]
     assert len(chunks) > 3  # it streamed, the key held back only while it could be one
     assert not any(secret[:8] in chunk for chunk in chunks)
+
+
+async def test_a_client_that_stops_reading_for_good_is_no_crash(
+    tmp_path: Path, project: Path
+) -> None:
+    """The client closes its end of the agent's stdout mid-answer: the agent's writes fail,
+    which ends nothing but the answers; closing stdin then stops it as usual (exit 0)."""
+    model = _script(
+        tmp_path, [{"text": "a long answer " * 50, "chunks": 50, "chunk_delay": 0.02}]
+    )
+    err = tmp_path / "agent-stderr.txt"
+    async with acp_agent(tmp_path / "home", "--model", model, stderr=err) as agent:
+        session_id = await _open(agent, project)
+        await agent.send(
+            {
+                "jsonrpc": "2.0",
+                "id": 9,
+                "method": "session/prompt",
+                "params": _prompt(session_id, "go"),
+            }
+        )
+        await agent.wait_for(lambda: bool(agent.updates))
+        agent.reading = trio.Event()
+        assert agent.process.stdout is not None
+        await agent.process.stdout.aclose()
+        await agent.send({"jsonrpc": "2.0", "id": 10, "method": "nope"})  # its answer fails too
+        await trio.sleep(1.5)  # the rest of the answer is written into a closed pipe
+    assert "internal error" not in err.read_text()

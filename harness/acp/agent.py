@@ -72,6 +72,7 @@ PERMISSION_REPLIES: dict[str, Reply] = {
     "allow_always": "always",
     "reject_once": "reject",
 }
+CANNOT_REACH = "the editor could not be asked"
 SHUTDOWN_SECONDS = 10.0  # how long a closing agent waits for its cancelled turns to be recorded
 CANNOT_ASK = (
     "the editor can only choose among options: go on with your best judgement and state "
@@ -351,6 +352,14 @@ class AcpAgent:
     # --- asks ---------------------------------------------------------------------------
 
     async def _ask_permission(self, session: _Session, event: Event) -> None:
+        try:
+            await self._put_permission(session, event)
+        except Exception:  # the prompt goes on; the call is rejected if it still can be
+            log.exception("acp permission ask failed", session_id=session.id)
+            with contextlib.suppress(Exception):
+                await self.h.reply_permission(str(event.data["id"]), "reject", CANNOT_REACH)
+
+    async def _put_permission(self, session: _Session, event: Event) -> None:
         data = event.data
         tool = str(data.get("tool", ""))
         always = str(data.get("always", ""))
@@ -397,6 +406,14 @@ class AcpAgent:
         return outcome.option_id if isinstance(outcome, schema.AllowedOutcome) else None
 
     async def _ask_questions(self, session: _Session, event: Event) -> None:
+        try:
+            await self._put_questions(session, event)
+        except Exception:
+            log.exception("acp question failed", session_id=session.id)
+            with contextlib.suppress(Exception):
+                await self.h.reject_question(str(event.data["id"]), CANNOT_REACH)
+
+    async def _put_questions(self, session: _Session, event: Event) -> None:
         """The ``question`` tool's questions, each as a choice among its options; a
         question without options cannot be put to an ACP client, so the model is told."""
         data = event.data

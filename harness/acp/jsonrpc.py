@@ -10,6 +10,7 @@ requests.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Awaitable, Callable, Mapping
@@ -104,6 +105,7 @@ class Connection:
         self._next_id = 0
         self._waiting: dict[int, _Waiter] = {}
         self._closed = False
+        self._closed_for_writing = False
 
     # --- sending ------------------------------------------------------------------------
 
@@ -112,7 +114,14 @@ class Connection:
             message = self._scrub(message)
         line = json.dumps(message, ensure_ascii=False, separators=(",", ":")) + "\n"
         async with self._write_lock:
-            await self._send.send_all(line.encode("utf-8"))
+            if self._closed_for_writing:
+                raise ConnectionClosed("the client stopped reading")
+            try:
+                await self._send.send_all(line.encode("utf-8"))
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
+                # The client closed its end of our stdout: nothing more can reach it.
+                self._closed_for_writing = True
+                raise ConnectionClosed("the client stopped reading") from error
 
     async def notify(self, method: str, params: Params) -> None:
         await self._write({"jsonrpc": "2.0", "method": method, "params": params})
@@ -155,7 +164,8 @@ class Connection:
         try:
             async with trio.open_nursery() as nursery:
                 async for line in self._lines():
-                    await self._dispatch(line, methods, notifications, nursery)
+                    with contextlib.suppress(ConnectionClosed):  # its answer cannot be sent
+                        await self._dispatch(line, methods, notifications, nursery)
                 nursery.cancel_scope.cancel()
         finally:
             self._closed = True
@@ -286,7 +296,17 @@ class Connection:
         self, method: str, call: Handler, params: Params, request_id: RequestId | None
     ) -> None:
         try:
+            await self._answer_request(method, call, params, request_id)
+        except ConnectionClosed:
+            log.info("acp answer not sent: the client stopped reading", method=method)
+
+    async def _answer_request(
+        self, method: str, call: Handler, params: Params, request_id: RequestId | None
+    ) -> None:
+        try:
             result = await call(params)
+        except ConnectionClosed:
+            raise
         except RpcError as error:
             await self._respond_error(request_id, error)
         except ValidationError as error:
@@ -303,5 +323,7 @@ class Connection:
     ) -> None:
         try:
             await handler(params)
+        except ConnectionClosed:
+            pass
         except Exception:
             log.exception("acp notification failed", method=method)
