@@ -197,10 +197,11 @@ async def test_an_always_allow_is_kept_for_the_next_call(tmp_path: Path, project
 
 
 async def test_cancel_mid_turn_stops_the_running_command(tmp_path: Path, project: Path) -> None:
+    marker = f"sleep 43.{os.getpid()}"
     model = _script(
         tmp_path,
         [
-            {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 30"}}]},
+            {"tool_calls": [{"name": "bash", "arguments": {"command": marker}}]},
             {"text": "never reached"},
         ],
     )
@@ -217,6 +218,7 @@ async def test_cancel_mid_turn_stops_the_running_command(tmp_path: Path, project
         await agent.wait_for(
             lambda: any(u["update"].get("status") == "in_progress" for u in agent.updates)
         )
+        assert alive_with(marker)
         started = trio.current_time()
         await agent.send(
             {"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": session_id}}
@@ -225,6 +227,7 @@ async def test_cancel_mid_turn_stops_the_running_command(tmp_path: Path, project
         elapsed = trio.current_time() - started
         assert answer["result"]["stopReason"] == "cancelled"
         assert elapsed < 10
+        assert not alive_with(marker)  # the command's process group is gone
         calls = [u["update"] for u in agent.updates if u["update"].get("toolCallId")]
         assert calls[-1]["status"] == "failed"
         # The session takes the next prompt: the agent is still serving.

@@ -54,7 +54,6 @@ from harness.storage.ledger import LedgerError
 
 log = structlog.get_logger("harness.acp")
 
-VERSION = "0.1.0"
 
 # How a harness turn's stop reason reads in ACP's five.
 STOP_REASONS: dict[str, schema.StopReason] = {
@@ -99,6 +98,15 @@ class _Session:
     max_steps: int | None = None
     prompting: bool = False
     cancel_requested: bool = False
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("harness")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
 
 
 def _mcp_summary(servers: list[dict[str, Any]]) -> list[str]:
@@ -151,13 +159,14 @@ class AcpAgent:
                 mcp_capabilities=schema.McpCapabilities(http=False, sse=False),
             ),
             auth_methods=[],
-            agent_info=schema.Implementation(name="harness", title="harness", version=VERSION),
+            agent_info=schema.Implementation(name="harness", title="harness", version=_version()),
         )
         return dump(response)
 
     async def authenticate(self, params: Params) -> dict[str, Any]:
         # No auth method is offered: the model's key comes from the environment.
-        return {}
+        schema.AuthenticateRequest.model_validate(params)
+        return dump(schema.AuthenticateResponse())
 
     # --- sessions -----------------------------------------------------------------------
 
