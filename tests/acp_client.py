@@ -21,6 +21,7 @@ from typing import Any
 import trio
 
 Choose = Callable[[dict[str, Any]], str | None]
+NO_ANSWER = "<no answer>"  # what ``choose`` returns to leave a request unanswered
 
 
 def agent_env(home: Path) -> dict[str, str]:
@@ -105,6 +106,10 @@ class AcpProcess:
         elif message.get("method") == "session/request_permission":
             self.permission_requests.append(message["params"])
             option = self.choose(message["params"])
+            if option == NO_ANSWER:
+                async with self._arrived:
+                    self._arrived.notify_all()
+                return
             outcome = (
                 {"outcome": "cancelled"}
                 if option is None

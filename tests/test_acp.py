@@ -15,7 +15,7 @@ import trio
 
 from harness.config import Config
 from harness.reader import open_reader
-from tests.acp_client import AcpProcess, acp_agent, harness_cli
+from tests.acp_client import NO_ANSWER, AcpProcess, acp_agent, harness_cli
 from tests.procs import alive_with
 
 
@@ -250,7 +250,15 @@ async def test_load_replays_an_earlier_session_and_continues_it(
     async with acp_agent(home, "--model", model) as first:
         session_id = await _open(first, project)
         await first.request("session/prompt", _prompt(session_id, "read the notes"))
+    logs = home / "logs"
+
+    def asks_logged() -> int:
+        return sum(f.read_text().count('"permission asked"') for f in logs.glob("acp-*.jsonl"))
+
     async with acp_agent(home, "--model", model) as second:
+        with trio.fail_after(30):
+            while asks_logged() < 2:  # the resumed turn's ask waits, and nobody follows it
+                await trio.sleep(0.05)
         await second.request("initialize", {"protocolVersion": 1})
         loaded = await second.request(
             "session/load", {"sessionId": session_id, "cwd": str(project), "mcpServers": []}
@@ -658,3 +666,59 @@ async def test_a_client_that_stops_reading_for_good_is_no_crash(
         await agent.send({"jsonrpc": "2.0", "id": 10, "method": "nope"})  # its answer fails too
         await trio.sleep(1.5)  # the rest of the answer is written into a closed pipe
     assert "internal error" not in err.read_text()
+
+
+async def test_an_ask_left_by_a_killed_agent_reaches_the_next_client(
+    tmp_path: Path, project: Path
+) -> None:
+    """The agent is killed (SIGKILL) while an ask waits; the next one resumes the turn at
+    start, and its ask, made while no prompt was followed, is put to the client that
+    loads the session and prompts: answered, the resumed turn and then the prompt end."""
+    import signal
+
+    home = tmp_path / "home"
+    model = _script(
+        tmp_path,
+        [
+            {"tool_calls": [{"name": "write", "arguments": {"path": "a.txt", "content": "a"}}]},
+            {"tool_calls": [{"name": "write", "arguments": {"path": "b.txt", "content": "b"}}]},
+            {"text": "the resumed turn is done"},
+            {"text": "and so is the new prompt"},
+        ],
+    )
+    async with acp_agent(
+        home, "--model", model, choose=lambda params: NO_ANSWER, exit_code=-signal.SIGKILL
+    ) as first:
+        session_id = await _open(first, project)
+        await first.send(
+            {
+                "jsonrpc": "2.0",
+                "id": 9,
+                "method": "session/prompt",
+                "params": _prompt(session_id, "write a and b"),
+            }
+        )
+        await first.wait_for(lambda: bool(first.permission_requests))
+        first.process.kill()
+        await first.process.wait()
+    logs = home / "logs"
+
+    def asks_logged() -> int:
+        return sum(f.read_text().count('"permission asked"') for f in logs.glob("acp-*.jsonl"))
+
+    async with acp_agent(home, "--model", model) as second:
+        with trio.fail_after(30):
+            while asks_logged() < 2:  # the resumed turn's ask waits, and nobody follows it
+                await trio.sleep(0.05)
+        await second.request("initialize", {"protocolVersion": 1})
+        loaded = await second.request(
+            "session/load", {"sessionId": session_id, "cwd": str(project), "mcpServers": []}
+        )
+        assert "result" in loaded
+        answer = await second.request("session/prompt", _prompt(session_id, "go on"))
+    assert answer["result"]["stopReason"] == "end_turn"
+    assert [r["toolCall"]["title"].rsplit("/", 1)[-1] for r in second.permission_requests] == [
+        "b.txt"
+    ]
+    assert (project / "b.txt").read_text() == "b"
+    assert second.text().endswith("and so is the new prompt")

@@ -19,6 +19,7 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -289,6 +290,7 @@ class AcpAgent:
         translator = Translator(session.id, session.directory)
         message_id: str | None = None
         after: int | None = None
+        asked: set[str] = set()  # the asks already put to the client, by request id
         async with trio.open_nursery() as asks:
             while True:
                 async with self.h.follow(session.id, after) as events:
@@ -299,12 +301,15 @@ class AcpAgent:
                             )
                         except HarnessError as error:
                             raise RpcError(INVALID_PARAMS, str(error)) from None
+                        for pending in await self._pending_asks(session.id):
+                            self._put(session, pending, asks, asked)
                     async for event in events:
                         if event.type == "feed.overflow":
                             log.info("acp client fell behind", session_id=session.id)
                             after = events.last_seq
                             break
-                        await self._show(session, translator, event, asks)
+                        await self._show(session, translator, event)
+                        self._put(session, event, asks, asked)
                         result = finished_turn(event, message_id=message_id)
                         if result is not None:
                             for update in translator.flush():
@@ -316,9 +321,37 @@ class AcpAgent:
                     else:
                         raise RpcError(INTERNAL_ERROR, "the harness stopped before the turn ended")
 
-    async def _show(
-        self, session: _Session, translator: Translator, event: Event, asks: trio.Nursery
-    ) -> None:
+    async def _pending_asks(self, session_id: str) -> list[Event]:
+        """The asks of this session's tree waiting already, as the events that made them:
+        a turn resumed when this process started (the last one stopped mid-turn) may wait
+        for an answer nobody else will forward, and the new prompt queues behind it."""
+        family = {session_id, *(child for _, child in self.h.session_tree(session_id))}
+        now = time.time()
+        found = [
+            Event(None, now, "permission.asked", ask.session_id, ask.model_dump(mode="json"))
+            for ask in await self.h.pending_permissions()
+            if ask.session_id in family
+        ]
+        found += [
+            Event(None, now, "question.asked", ask.session_id, ask.model_dump(mode="json"))
+            for ask in await self.h.pending_questions()
+            if ask.session_id in family
+        ]
+        return found
+
+    def _put(self, session: _Session, event: Event, asks: trio.Nursery, asked: set[str]) -> None:
+        """Put an ask to the client, once (it may come both listed and as an event)."""
+        if event.type not in ("permission.asked", "question.asked"):
+            return
+        if event.data["id"] in asked:
+            return
+        asked.add(event.data["id"])
+        if event.type == "permission.asked":
+            asks.start_soon(self._ask_permission, session, event)
+        else:
+            asks.start_soon(self._ask_questions, session, event)
+
+    async def _show(self, session: _Session, translator: Translator, event: Event) -> None:
         for update in translator.updates(event):
             await self.connection.notify("session/update", notification(session.id, update))
         if event.type == "sandbox.unavailable" and not self._sandbox_noticed:
@@ -327,10 +360,6 @@ class AcpAgent:
             print(f"harness: {event.data.get('notice')}", file=sys.stderr, flush=True)
         elif event.type == "turn.started" and session.cancel_requested:
             await self.h.cancel(session.id)  # the cancel came before the turn began
-        elif event.type == "permission.asked":
-            asks.start_soon(self._ask_permission, session, event)
-        elif event.type == "question.asked":
-            asks.start_soon(self._ask_questions, session, event)
 
     async def cancel(self, params: Params) -> None:
         request = schema.CancelNotification.model_validate(params)
