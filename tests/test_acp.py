@@ -722,3 +722,29 @@ async def test_an_ask_left_by_a_killed_agent_reaches_the_next_client(
     ]
     assert (project / "b.txt").read_text() == "b"
     assert second.text().endswith("and so is the new prompt")
+
+
+async def test_session_list_pages_through_the_ledgers_sessions(
+    tmp_path: Path, project: Path
+) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    async with acp_agent(tmp_path / "home", "--model", "scripted:/none") as agent:
+        init = await agent.request("initialize", {"protocolVersion": 1})
+        assert "list" in init["result"]["agentCapabilities"]["sessionCapabilities"]
+        made = []
+        for n in range(53):
+            cwd = project if n % 2 == 0 else other
+            new = await agent.request("session/new", {"cwd": str(cwd), "mcpServers": []})
+            made.append(new["result"]["sessionId"])
+        first = (await agent.request("session/list", {}))["result"]
+        second = (await agent.request("session/list", {"cursor": first["nextCursor"]}))["result"]
+        here = (await agent.request("session/list", {"cwd": str(other)}))["result"]
+        bad = await agent.request("session/list", {"cursor": "x"})
+    listed = [s["sessionId"] for s in first["sessions"] + second["sessions"]]
+    assert len(first["sessions"]) == 50 and "nextCursor" not in second
+    assert listed == made[::-1]  # the most recently active first, each once
+    assert {s["cwd"] for s in here["sessions"]} == {str(other)}
+    assert len(here["sessions"]) == 26
+    assert all(s["updatedAt"].endswith("+00:00") for s in first["sessions"])
+    assert bad["error"]["code"] == -32602

@@ -23,6 +23,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,7 @@ PERMISSION_REPLIES: dict[str, Reply] = {
     "reject_once": "reject",
 }
 CANNOT_REACH = "the editor could not be asked"
+LIST_PAGE = 50  # sessions per session/list page
 SHUTDOWN_SECONDS = 10.0  # how long a closing agent waits for its cancelled turns to be recorded
 CANNOT_ASK = (
     "the editor can only choose among options: go on with your best judgement and state "
@@ -136,6 +138,7 @@ class AcpAgent:
             "session/new": self.new_session,
             "session/load": self.load_session,
             "session/prompt": self.prompt,
+            "session/list": self.list_sessions,
         }
 
     @property
@@ -158,6 +161,9 @@ class AcpAgent:
                 load_session=True,
                 prompt_capabilities=schema.PromptCapabilities(embedded_context=True),
                 mcp_capabilities=schema.McpCapabilities(http=False, sse=False),
+                session_capabilities=schema.SessionCapabilities(
+                    list=schema.SessionListCapabilities()
+                ),
             ),
             auth_methods=[],
             agent_info=schema.Implementation(name="harness", title="harness", version=_version()),
@@ -252,6 +258,38 @@ class AcpAgent:
         self.sessions[stored.id] = _Session(stored.id, stored.directory, servers, max_steps)
         log.info("acp session loaded", session_id=stored.id, mcp_servers=_mcp_summary(servers))
         return dump(schema.LoadSessionResponse())
+
+    async def list_sessions(self, params: Params) -> dict[str, Any]:
+        """The ledger's sessions (not subtasks), the most recently active first, of one
+        directory when ``cwd`` is given; ``cursor`` is where the previous page ended."""
+        request = schema.ListSessionsRequest.model_validate(params)
+        start = 0
+        if request.cursor is not None:
+            if not request.cursor.isdigit():
+                raise RpcError(INVALID_PARAMS, f"not a cursor of ours: {request.cursor[:100]!r}")
+            start = int(request.cursor)
+        found = [
+            session
+            for session in self.h.sessions()
+            if session.parent_id is None
+            and (request.cwd is None or session.directory == request.cwd)
+        ]
+        found.sort(key=lambda session: (session.updated, session.id), reverse=True)
+        page = found[start : start + LIST_PAGE]
+        more = start + LIST_PAGE < len(found)
+        response = schema.ListSessionsResponse(
+            sessions=[
+                schema.SessionInfo(
+                    session_id=session.id,
+                    cwd=session.directory,
+                    title=session.title or None,
+                    updated_at=datetime.fromtimestamp(session.updated, UTC).isoformat(),
+                )
+                for session in page
+            ],
+            next_cursor=str(start + LIST_PAGE) if more else None,
+        )
+        return dump(response)
 
     def _open(self, session_id: str) -> _Session:
         session = self.sessions.get(session_id)
