@@ -250,15 +250,7 @@ async def test_load_replays_an_earlier_session_and_continues_it(
     async with acp_agent(home, "--model", model) as first:
         session_id = await _open(first, project)
         await first.request("session/prompt", _prompt(session_id, "read the notes"))
-    logs = home / "logs"
-
-    def asks_logged() -> int:
-        return sum(f.read_text().count('"permission asked"') for f in logs.glob("acp-*.jsonl"))
-
     async with acp_agent(home, "--model", model) as second:
-        with trio.fail_after(30):
-            while asks_logged() < 2:  # the resumed turn's ask waits, and nobody follows it
-                await trio.sleep(0.05)
         await second.request("initialize", {"protocolVersion": 1})
         loaded = await second.request(
             "session/load", {"sessionId": session_id, "cwd": str(project), "mcpServers": []}
