@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from harness.acp.agent import SessionFlags, serve_acp
     from harness.actors.mcp_client import probe as probe_mcp_servers
     from harness.actors.permission import no_terminal_hint
     from harness.agents import UnknownAgentError
@@ -76,6 +77,7 @@ __all__ = [
     "RevertResult",
     "Rule",
     "SessionBusy",
+    "SessionFlags",
     "SnapshotError",
     "SocketPathError",
     "ToolContext",
@@ -102,6 +104,7 @@ __all__ = [
     "render_trace",
     "resolve_model",
     "serve",
+    "serve_acp",
     "tool",
     "usable_socket_path",
 ]
@@ -142,6 +145,8 @@ _WHERE = {
     "SnapshotError": ("harness.snapshots", "SnapshotError"),
     "DaemonRunning": ("harness.server", "DaemonRunning"),
     "serve": ("harness.server", "serve"),
+    "serve_acp": ("harness.acp.agent", "serve_acp"),
+    "SessionFlags": ("harness.acp.agent", "SessionFlags"),
     "configure_logging": ("harness.logs", "configure_logging"),
     "open_private": ("harness.private", "open_private"),
     "private_dir": ("harness.private", "private_dir"),

@@ -1,5 +1,6 @@
 """The command line (DESIGN §9): ``serve``, ``run``, ``sessions``, ``show``, ``events``,
-``cancel``, ``approve``, ``deny``, ``answer``, ``trace``, ``diff``, ``revert``, ``config``.
+``cancel``, ``approve``, ``deny``, ``answer``, ``trace``, ``diff``, ``revert``, ``config``,
+``acp`` (DESIGN §13).
 
 This module holds what every command shares: the top-level parser, the dispatch to a
 command's handler, and the exit code for whatever a handler raised. Each command is a
@@ -26,6 +27,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from harness.commands import (
+    acp,
     answer,
     approve,
     cancel,
@@ -56,6 +58,7 @@ __all__ = ["EXIT_CANCELLED", "EXIT_ERROR", "EXIT_OK", "EXIT_USAGE", "UsageError"
 COMMANDS = (
     run, serve, config, sessions, show, trace, diff, revert, events, cancel, approve, deny, answer,
     mcp,
+    acp,
 )
 
 

@@ -170,6 +170,19 @@ def redact(text: str) -> str:
     return text
 
 
+def secret_start_at_end(text: str) -> int:
+    """How many characters at the end of ``text`` could begin a known secret: what a
+    stream must hold back until its next piece, so that a secret split across two pieces
+    is still redacted (``harness acp``'s live text). 0 when no secret is known."""
+    held = 0
+    for value, _ in _current().pairs:
+        for length in range(min(len(value) - 1, len(text)), held, -1):
+            if text.endswith(value[:length]):
+                held = length
+                break
+    return held
+
+
 def redact_bytes(data: bytes) -> bytes:
     for value, label in _current().byte_pairs:
         if value in data:
