@@ -37,6 +37,7 @@ from harness.config import Config, ConfigError
 from harness.config_files import daemon_cannot_apply, file_rules, read_project
 from harness.messages.api import (
     MAX_ID,
+    CompactBody,
     CreateSessionBody,
     PermissionReplyBody,
     PromptBody,
@@ -232,10 +233,17 @@ async def _update_session(h: Harness, request: Request, session_id: str) -> Resp
     _session_or_404(h, session_id)
     try:
         session = await h.update_session(
-            session_id, title=body.title, add_rules=body.rules(), base_url=body.base_url
+            session_id,
+            title=body.title,
+            add_rules=body.rules(),
+            base_url=body.base_url,
+            model=body.model,
+            agent=body.agent,
         )
     except SessionBusy as error:
         raise ApiError(409, "session_busy", str(error)) from None
+    except (UnknownAgentError, ProviderError) as error:
+        raise ApiError(422, "invalid_session", str(error)) from None
     return Response(200, session.model_dump(mode="json"))
 
 
@@ -274,6 +282,16 @@ async def _prompt(h: Harness, request: Request, session_id: str) -> Response:
         raise ApiError(409, "message_id_conflict", str(error)) from None
     except HarnessError as error:
         raise ApiError(422, "invalid_prompt", str(error)) from None
+    return Response(202, {"message_id": message_id})
+
+
+async def _compact(h: Harness, request: Request, session_id: str) -> Response:
+    body: CompactBody = request.json(CompactBody)
+    _session_or_404(h, session_id)
+    try:
+        message_id = await h.compact(session_id, message_id=body.message_id)
+    except PromptConflict as error:
+        raise ApiError(409, "message_id_conflict", str(error)) from None
     return Response(202, {"message_id": message_id})
 
 
@@ -363,6 +381,7 @@ ROUTES: list[tuple[re.Pattern[str], dict[str, Handler | None]]] = [
     (re.compile(rf"/v1/sessions/{_ID}/messages"), {"GET": _messages}),
     (re.compile(rf"/v1/sessions/{_ID}/prompt"), {"POST": _prompt}),
     (re.compile(rf"/v1/sessions/{_ID}/cancel"), {"POST": _cancel}),
+    (re.compile(rf"/v1/sessions/{_ID}/compact"), {"POST": _compact}),
     (re.compile(rf"/v1/sessions/{_ID}/diff"), {"GET": _diff}),
     (re.compile(rf"/v1/sessions/{_ID}/revert"), {"POST": _revert}),
     (re.compile(rf"/v1/sessions/{_ID}/todos"), {"GET": _todos}),

@@ -1,0 +1,158 @@
+"""``harness chat`` (and plain ``harness`` on a terminal): a conversation at the terminal,
+through the daemon when one answers, else embedded (DESIGN §13).
+
+A package of the command line, one job per module:
+
+- ``backend``: the daemon or an embedded harness, behind the same blocking calls;
+- ``conversation``: what events show and what typed lines and Ctrl-C do;
+- ``render``: streamed text cut into Markdown blocks, rendered with rich; tool lines;
+- ``screen``: the prompt_toolkit input line, live answer tail and status line;
+- ``slash``: the slash commands.
+
+Only this module is imported by ``harness --help``, and it imports the standard library
+only: prompt_toolkit and rich load when a chat starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from harness.commands.base import EXIT_USAGE, UsageError, client
+
+if TYPE_CHECKING:
+    from harness.commands.chat.backend import Backend
+
+
+def register(commands: Any) -> None:
+    chat = commands.add_parser(
+        "chat", help="talk with the model at the terminal (plain `harness` on a terminal)"
+    )
+    chat.set_defaults(handler=handle)
+    add_arguments(chat)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--session", help="continue this session (ses_…)")
+    parser.add_argument(
+        "--model", help="mistral/<model>, openai/<model>, scripted:<file> or replay:<cassette>"
+    )
+    parser.add_argument("--agent", help="build (default) or plan")
+    parser.add_argument("--dir", default=".", help="the session's working directory")
+
+
+def is_terminal() -> bool:
+    """Both ends on a terminal: what plain ``harness`` needs to start a chat."""
+    return sys.stdin.isatty() and sys.stdout.isatty()
+
+
+def handle(args: argparse.Namespace) -> int:
+    if not is_terminal():
+        print("harness chat: needs a terminal (use `harness run` in scripts)", file=sys.stderr)
+        return EXIT_USAGE
+    directory = Path(args.dir).expanduser()
+    if not directory.is_dir():
+        raise UsageError(f"--dir {args.dir}: no such directory")
+    directory = directory.resolve()
+    backend = _backend(args, directory)
+    try:
+        return _chat(backend, args, directory)
+    finally:
+        backend.close()
+
+
+def _backend(args: argparse.Namespace, directory: Path) -> Backend:
+    """The daemon when it answers and can apply the project's file, else embedded."""
+    from harness import daemon_cannot_apply, read_project
+
+    project = read_project(directory)
+    local_only = project is not None and bool(daemon_cannot_apply(project[1]))
+    daemon = client() if not local_only else None
+    if daemon is not None and daemon.alive():
+        from harness.commands.chat.backend import DaemonBackend
+
+        return DaemonBackend(daemon)
+    import time
+
+    from harness import Config, config_overrides, load_settings
+    from harness.commands.chat.backend import EmbeddedBackend
+
+    settings = load_settings(directory)
+    values = config_overrides(settings)
+    values.update({k: v for k, v in {"model": args.model, "agent": args.agent}.items() if v})
+    config = Config.from_env(rules=list(settings.rules), interactive=True, **values)
+    config.log_file = config.home / "logs" / f"chat-{time.strftime('%Y%m%d')}.jsonl"
+    return EmbeddedBackend(config)
+
+
+def _open_session(backend: Backend, args: argparse.Namespace, directory: Path) -> dict[str, Any]:
+    from harness.commands.chat.backend import BackendError
+
+    try:
+        if args.session:
+            return backend.session(args.session)
+        model = args.model or os.environ.get("HARNESS_MODEL") or None
+        if model is not None and backend.mode == "daemon":
+            from harness import resolve_model
+
+            model = resolve_model(model)  # a scripted file, from our directory
+        return backend.create_session(str(directory), model, args.agent)
+    except BackendError as error:
+        raise UsageError(str(error)) from error
+
+
+def history_file(directory: Path) -> Path:
+    """The input history of the chats in ``directory``: one file per project, 0600, in
+    ``$HARNESS_HOME/chat-history/`` (what was typed may hold secrets)."""
+    from harness import default_home, open_private, private_dir
+
+    folder = private_dir(private_dir(default_home()) / "chat-history")
+    path = folder / f"{hashlib.sha256(os.fsencode(directory)).hexdigest()[:24]}.history"
+    open_private(path, "a").close()  # created 0600, or tightened: prompt_toolkit appends
+    return path
+
+
+def _chat(backend: Backend, args: argparse.Namespace, directory: Path) -> int:
+    import asyncio
+
+    session = _open_session(backend, args, directory)
+    return asyncio.run(_main(backend, session, directory))
+
+
+async def _main(backend: Backend, session: dict[str, Any], directory: Path) -> int:
+    import asyncio
+    import threading
+
+    from harness.commands.chat.conversation import Chat
+    from harness.commands.chat.render import Renderer, wants_plain
+    from harness.commands.chat.screen import PromptScreen
+
+    plain = wants_plain(tty=sys.stdout.isatty())
+    screen = PromptScreen(history_file(directory), plain=plain)
+    chat = Chat(backend, screen, Renderer(plain=plain), session, loop=asyncio.get_running_loop())
+    screen.on_line = chat.submit
+    screen.on_interrupt = _interrupter(chat)
+    screen.on_eof = chat.quit
+    await chat.switch(session)
+    chat.say(
+        f"harness chat · {session['id']} in {session.get('directory')} · /help for commands"
+    )
+    if not plain:
+        # rich takes ~0.1 s to import: done while the user types the first prompt.
+        threading.Thread(target=_warm_up, daemon=True).start()
+    return await screen.run()
+
+
+def _interrupter(chat: Any) -> Any:
+    async def interrupt(typed: str) -> bool:
+        return bool(await chat.interrupt(typed))
+
+    return interrupt
+
+
+def _warm_up() -> None:
+    import rich.markdown  # noqa: F401
