@@ -79,6 +79,7 @@ class Chat:
         self._shown_tools: set[tuple[str, str]] = set()  # (part id, status): once each
         self._text_shown = False  # text of the running turn(s) reached the screen
         self._compactions: set[str] = set()  # turns that are a /compact
+        self._sent_at: dict[str, float] = {}  # when each of our turns was sent
         self._splitter = BlockSplitter()
         self._asks: deque[_Ask] = deque()
         self._armed = False  # a Ctrl-C since the last line sent: the next one quits
@@ -132,8 +133,8 @@ class Chat:
         total = sum(int(v) for v in tokens.values() if isinstance(v, int))
         state = "working" if self.busy else "ready"
         self.screen.set_status(
-            f" {state} · {session.get('model')} · {session.get('agent')} · {total:,} tokens · "
-            f"${float(session.get('cost') or 0):.4f} · {self.backend.mode}"
+            f" {state} · {self.backend.mode} · {_short_model(str(session.get('model')))} · "
+            f"{session.get('agent')} · {total:,} tokens · ${float(session.get('cost') or 0):.4f}"
         )
         if not self._asks:
             self.screen.set_prefix(PROMPT)
@@ -255,13 +256,13 @@ class Chat:
             self.markdown(answer)
         self._compactions.discard(message_id)
         reason = data.get("reason")
-        if reason == "cancelled":
-            self.say(self.renderer.dim("(cancelled)"))
-        elif reason == "error":
+        if reason == "error":
             self.say(f"harness: error: {data.get('error')}")
-        elif reason != "answered":
+        elif reason not in ("answered", "cancelled"):
             detail = f": {data['error']}" if data.get("error") else ""
             self.say(f"harness: stopped ({reason}){detail}")
+        elapsed = time.monotonic() - self._sent_at.pop(message_id, time.monotonic())
+        self.say(self.renderer.dim(f"── {reason} · {elapsed:.1f} s"))
         if not self.turns:
             self._asks.clear()
 
@@ -310,6 +311,7 @@ class Chat:
         message_id = new_message_id()
         self.turns.add(message_id)  # before sending: its end may come before the answer
         self._text_shown = False
+        self._sent_at[message_id] = time.monotonic()
         if compact:
             self._compactions.add(message_id)
         self._refresh()
@@ -383,6 +385,15 @@ class Chat:
         self._flush_text()
         self.stop_following()
         self.screen.exit(code if code is not None else (EXIT_CANCELLED if self._armed else EXIT_OK))
+
+
+def _short_model(model: str) -> str:
+    """``scripted:/a/long/path/script.json`` as ``scripted:script.json``: the status line
+    is one line."""
+    kind, colon, path = model.partition(":")
+    if colon and "/" in path and kind in ("scripted", "replay"):
+        return f"{kind}:{path.rsplit('/', 1)[-1]}"
+    return model
 
 
 _HANDLERS: dict[str, Callable[[Chat, ChatEvent], None]] = {

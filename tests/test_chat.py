@@ -1,0 +1,243 @@
+"""`harness chat` as a person uses it: a real process in a real pseudo-terminal (pexpect),
+the scripted model, and either an embedded harness or a real `harness serve` daemon.
+
+The screen is prompt_toolkit's, so what is matched is text that reaches the terminal
+(answers, tool lines, the status line's state), never a layout detail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pexpect
+import pytest
+from daemons import wait_for_daemon
+
+HARNESS = [sys.executable, "-m", "harness"]
+
+
+def _script(tmp_path: Path, turns: list[dict[str, Any]]) -> str:
+    path = tmp_path / "script.json"
+    path.write_text(json.dumps(turns))
+    return f"scripted:{path}"
+
+
+def _env(tmp_path: Path, socket: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
+    env.pop("MISTRAL_API_KEY", None)
+    env.pop("NO_COLOR", None)
+    env.update(
+        HARNESS_HOME=str(tmp_path / "home"),
+        HARNESS_SOCKET=str(socket),
+        HARNESS_SANDBOX="off",
+        TERM="xterm-256color",
+        # Nobody answers prompt_toolkit's cursor-position requests in a test.
+        PROMPT_TOOLKIT_NO_CPR="1",
+    )
+    return env
+
+
+class Chat:
+    """A running `harness chat` and what it printed."""
+
+    def __init__(
+        self,
+        tmp_path: Path,
+        socket: Path,
+        *args: str,
+        command: str = "chat",
+        env: dict[str, str] | None = None,
+    ) -> None:
+        argv = [*HARNESS[1:], *([command] if command else []), *args]
+        self.child = pexpect.spawn(
+            HARNESS[0],
+            argv,
+            env={**_env(tmp_path, socket), **(env or {})},
+            encoding="utf-8",
+            timeout=20,
+            dimensions=(40, 120),
+        )
+        self.log = tmp_path / "screen.log"
+        self.child.logfile_read = self.log.open("w")
+        self.expect("/help for commands")
+
+    def expect(self, text: str, timeout: float = 20) -> None:
+        try:
+            self.child.expect_exact(text, timeout=timeout)
+        except (pexpect.TIMEOUT, pexpect.EOF) as error:
+            self.child.logfile_read.flush()
+            raise AssertionError(f"{text!r} never shown; the screen:\n{self.screen()}") from error
+
+    def finished(self, reason: str = "answered") -> None:
+        """The line that ends each turn."""
+        self.expect(f"── {reason} ·")
+
+    def type(self, line: str) -> None:
+        self.child.send(line + "\r")
+
+    def screen(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def exit_code(self) -> int:
+        self.child.expect(pexpect.EOF, timeout=20)
+        self.child.close()
+        assert self.child.exitstatus is not None, self.screen()
+        return int(self.child.exitstatus)
+
+
+@pytest.fixture(params=["embedded", "daemon"])
+def mode(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def socket(socket_dir: Path) -> Path:
+    return socket_dir / "harness.sock"
+
+
+@pytest.fixture
+def daemon(mode: str, tmp_path: Path, socket: Path) -> Iterator[None]:
+    """A real `harness serve` on ``socket`` in daemon mode; nothing in embedded mode."""
+    if mode == "embedded":
+        yield
+        return
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [*HARNESS, "serve"], env=_env(tmp_path, socket), stdout=out, stderr=out
+        )
+    try:
+        wait_for_daemon(process, socket, log)
+        yield
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=20)
+
+
+def _status_mode(chat: Chat, mode: str) -> None:
+    assert f"ready · {mode} ·" in chat.screen()
+
+
+def test_a_prompt_is_answered_and_quit_exits_0(
+    tmp_path: Path, project: Path, socket: Path, mode: str, daemon: None
+) -> None:
+    model = _script(tmp_path, [{"text": "The answer is **forty-two**.", "chunks": 4}])
+    chat = Chat(tmp_path, socket, "--model", model, "--dir", str(project))
+    _status_mode(chat, mode)
+    chat.type("what is the answer?")
+    chat.expect("forty-two")
+    chat.finished()
+    chat.type("/cost")
+    chat.expect("tokens (")
+    chat.type("/quit")
+    assert chat.exit_code() == 0
+
+
+def test_an_ask_is_answered_once_inline(
+    tmp_path: Path, project: Path, socket: Path, mode: str, daemon: None
+) -> None:
+    model = _script(
+        tmp_path,
+        [
+            {"tool_calls": [{"name": "bash", "arguments": {"command": "echo marker-$((6*7))"}}]},
+            {"text": "The command printed the marker."},
+        ],
+    )
+    chat = Chat(tmp_path, socket, "--model", model, "--dir", str(project))
+    chat.type("run it")
+    chat.expect("allow? [o]nce [a]lways [r]eject:")
+    chat.type("o")
+    chat.expect("✓ bash (exit 0, 1 lines)")
+    chat.expect("printed the marker")
+    chat.finished()
+    chat.type("/quit")
+    assert chat.exit_code() == 0
+
+
+def test_ctrl_c_mid_stream_cancels_the_turn_and_the_chat_goes_on(
+    tmp_path: Path, project: Path, socket: Path, mode: str, daemon: None
+) -> None:
+    slow = " ".join(f"word{n}" for n in range(200))
+    model = _script(
+        tmp_path,
+        [{"text": slow, "chunks": 200, "chunk_delay": 0.05}, {"text": "second turn answered"}],
+    )
+    chat = Chat(tmp_path, socket, "--model", model, "--dir", str(project))
+    chat.type("talk slowly")
+    chat.expect("word5")  # streaming: shown as it arrives
+    chat.child.sendcontrol("c")
+    chat.finished("cancelled")
+    assert "word199" not in chat.screen()
+    chat.type("and now?")
+    chat.expect("second turn answered")
+    chat.finished()
+    chat.child.sendcontrol("c")  # at an idle prompt: a hint...
+    chat.expect("Ctrl-C again")
+    chat.child.sendcontrol("c")  # ...and the second one quits
+    assert chat.exit_code() == 130
+
+
+def test_undo_restores_the_file_the_last_turn_edited(
+    tmp_path: Path, project: Path, socket: Path, mode: str, daemon: None
+) -> None:
+    notes = project / "notes.txt"
+    before = notes.read_text()
+    edit = {"path": "notes.txt", "old_string": "line one", "new_string": "LINE ONE EDITED"}
+    model = _script(
+        tmp_path,
+        [{"tool_calls": [{"name": "edit", "arguments": edit}]}, {"text": "edited the notes"}],
+    )
+    chat = Chat(tmp_path, socket, "--model", model, "--dir", str(project))
+    chat.type("edit the notes")
+    chat.expect("allow? [o]nce")
+    chat.type("o")
+    chat.expect("edited the notes")
+    chat.finished()
+    assert "LINE ONE EDITED" in notes.read_text()
+    chat.type("/diff")
+    chat.expect("+LINE ONE EDITED")
+    chat.type("/undo")
+    chat.expect("restored  notes.txt")
+    assert notes.read_text() == before
+    chat.type("/quit")
+    assert chat.exit_code() == 0
+
+
+def test_plain_harness_on_a_terminal_is_a_chat(
+    tmp_path: Path, project: Path, socket: Path
+) -> None:
+    model = _script(tmp_path, [{"text": "hello from the plain command"}])
+    chat = Chat(tmp_path, socket, command="", env={"HARNESS_MODEL": model})
+    chat.type("hi")
+    chat.expect("hello from the plain command")
+    chat.child.sendcontrol("d")
+    assert chat.exit_code() == 0
+
+
+def test_plain_harness_in_a_pipe_prints_usage(tmp_path: Path, socket: Path) -> None:
+    result = subprocess.run(
+        HARNESS, input="", capture_output=True, text=True, env=_env(tmp_path, socket), timeout=30
+    )
+    assert result.returncode == 2
+    assert "usage: harness" in result.stderr
+    assert "chat" in result.stderr
+
+
+def test_chat_without_a_terminal_is_a_usage_error(tmp_path: Path, socket: Path) -> None:
+    result = subprocess.run(
+        [*HARNESS, "chat"],
+        input="",
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path, socket),
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert "needs a terminal" in result.stderr
