@@ -241,3 +241,34 @@ def test_chat_without_a_terminal_is_a_usage_error(tmp_path: Path, socket: Path) 
     )
     assert result.returncode == 2
     assert "needs a terminal" in result.stderr
+
+
+def test_a_dumb_terminal_gets_plain_lines_and_the_same_chat(
+    tmp_path: Path, project: Path, socket: Path
+) -> None:
+    slow = " ".join(f"word{n}" for n in range(200))
+    model = _script(
+        tmp_path,
+        [
+            {"text": "Some **bold** words.", "chunks": 3},
+            {"tool_calls": [{"name": "bash", "arguments": {"command": "echo hi"}}]},
+            {"text": "ran it"},
+            {"text": slow, "chunks": 200, "chunk_delay": 0.05},
+        ],
+    )
+    chat = Chat(tmp_path, socket, "--model", model, "--dir", str(project), env={"TERM": "dumb"})
+    chat.type("hello")
+    chat.expect("Some **bold** words.")  # the Markdown as written: nothing rendered
+    chat.finished()
+    chat.type("run it")
+    chat.expect("allow? [o]nce [a]lways [r]eject:")
+    chat.type("o")
+    chat.expect("✓ bash (exit 0, 1 lines)")
+    chat.finished()
+    chat.type("slowly now")
+    chat.expect("word5")
+    chat.child.sendcontrol("c")  # SIGINT here: the terminal is in cooked mode
+    chat.finished("cancelled")
+    chat.type("/quit")
+    assert chat.exit_code() == 0
+    assert "\x1b" not in chat.screen()

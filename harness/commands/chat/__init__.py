@@ -7,6 +7,7 @@ A package of the command line, one job per module:
 - ``conversation``: what events show and what typed lines and Ctrl-C do;
 - ``render``: streamed text cut into Markdown blocks, rendered with rich; tool lines;
 - ``screen``: the prompt_toolkit input line, live answer tail and status line;
+- ``lines``: plain lines instead, where nothing can be drawn (``TERM=dumb``);
 - ``slash``: the slash commands.
 
 Only this module is imported by ``harness --help``, and it imports the standard library
@@ -128,11 +129,16 @@ async def _main(backend: Backend, session: dict[str, Any], directory: Path) -> i
     import threading
 
     from harness.commands.chat.conversation import Chat
+    from harness.commands.chat.lines import LineScreen
     from harness.commands.chat.render import Renderer, wants_plain
     from harness.commands.chat.screen import PromptScreen
 
     plain = wants_plain(tty=sys.stdout.isatty())
-    screen = PromptScreen(history_file(directory), plain=plain)
+    screen: PromptScreen | LineScreen
+    if os.environ.get("TERM", "") in ("", "dumb"):
+        screen = LineScreen()  # nothing can be drawn: plain lines, the kernel's editing
+    else:
+        screen = PromptScreen(history_file(directory), plain=plain)
     chat = Chat(backend, screen, Renderer(plain=plain), session, loop=asyncio.get_running_loop())
     screen.on_line = chat.submit
     screen.on_interrupt = _interrupter(chat)

@@ -34,7 +34,10 @@ CANCELLING = "cancelling… (Ctrl-C again to quit)"
 class Screen(Protocol):
     def print(self, text: str) -> None: ...
     def set_live(self, text: str) -> None: ...
-    def set_prefix(self, text: str) -> None: ...
+    def set_prefix(self, text: str, waiting: bool) -> None:
+        """The input's prefix; ``waiting``: a line is expected now (idle, or an ask)."""
+        ...
+
     def set_status(self, text: str) -> None: ...
     def width(self) -> int: ...
     def exit(self, code: int) -> None: ...
@@ -136,12 +139,13 @@ class Chat:
             f" {state} · {self.backend.mode} · {_short_model(str(session.get('model')))} · "
             f"{session.get('agent')} · {total:,} tokens · ${float(session.get('cost') or 0):.4f}"
         )
+        waiting = bool(self._asks) or not self.busy
         if not self._asks:
-            self.screen.set_prefix(PROMPT)
+            self.screen.set_prefix(PROMPT, waiting)
         elif self._asks[0].is_permission:
-            self.screen.set_prefix(ALLOW)
+            self.screen.set_prefix(ALLOW, waiting)
         else:
-            self.screen.set_prefix(ANSWER)
+            self.screen.set_prefix(ANSWER, waiting)
 
     def say(self, text: str) -> None:
         self.screen.print(text)

@@ -93,7 +93,7 @@ class PromptScreen:
             self._live = text
             self.app.invalidate()
 
-    def set_prefix(self, text: str) -> None:
+    def set_prefix(self, text: str, waiting: bool) -> None:
         if text != self._prefix:
             self._prefix = text
             self.app.invalidate()
