@@ -272,3 +272,87 @@ def test_a_dumb_terminal_gets_plain_lines_and_the_same_chat(
     chat.type("/quit")
     assert chat.exit_code() == 0
     assert "\x1b" not in chat.screen()
+
+
+def test_a_question_is_answered_inline_and_history_is_kept_per_project(
+    tmp_path: Path, project: Path, socket: Path, mode: str, daemon: None
+) -> None:
+    question = {
+        "question": "Which database?",
+        "options": [
+            {"label": "Postgres", "description": "the server"},
+            {"label": "SQLite", "description": "a file"},
+        ],
+    }
+    model = _script(
+        tmp_path,
+        [
+            {"tool_calls": [{"name": "question", "arguments": {"questions": [question]}}]},
+            {"text": "Going with your choice."},
+        ],
+    )
+    chat = Chat(tmp_path, socket, "--model", model, "--dir", str(project))
+    chat.type("pick a database")
+    chat.expect("Which database?")
+    chat.expect("answer:")
+    chat.type("2")
+    chat.expect("Going with your choice.")
+    chat.finished()
+    chat.type("/quit")
+    assert chat.exit_code() == 0
+    files = list((tmp_path / "home" / "chat-history").iterdir())
+    assert len(files) == 1
+    assert files[0].stat().st_mode & 0o777 == 0o600
+    assert "pick a database" in files[0].read_text()
+    # The answer reached the ledger as the option's label.
+    show = subprocess.run(
+        [*HARNESS, "sessions", "--json"],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path, socket),
+        timeout=30,
+    )
+    session_id = json.loads(show.stdout)[0]["id"]
+    transcript = subprocess.run(
+        [*HARNESS, "show", session_id],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path, socket),
+        timeout=30,
+    )
+    assert '"SQLite"' in transcript.stdout, transcript.stdout
+
+
+def test_model_agent_and_compact_change_the_session(
+    tmp_path: Path, project: Path, socket: Path, mode: str, daemon: None
+) -> None:
+    model = _script(
+        tmp_path,
+        [
+            {"text": "first answer " * 50},
+            {"text": "## Goal\nsummary of it all"},
+            {"text": "after the compaction"},
+        ],
+    )
+    chat = Chat(tmp_path, socket, "--model", model, "--dir", str(project))
+    chat.type("say something long")
+    chat.expect("first answer")
+    chat.finished()
+    chat.type("/agent plan")
+    chat.expect("agent: plan, from the next turn")
+    chat.type("/agent nobody")
+    chat.expect("nobody")
+    chat.type("/model nowhere/x")
+    chat.expect("harness: ")
+    chat.type("/compact")
+    chat.expect("compacted: about")
+    chat.finished()
+    chat.type("and now")
+    chat.expect("after the compaction")
+    chat.finished()
+    chat.type("/sessions")
+    chat.expect("* ses_")
+    chat.type("/new")
+    chat.expect("new session ses_")
+    chat.type("/quit")
+    assert chat.exit_code() == 0

@@ -252,7 +252,13 @@ class Runner:
         self._history.sync()
         before = self._estimate()
         outcome = await compact(
-            self._recorder, user_message_id, 1, 0, estimate=self._estimate, flush=self._flush
+            self._recorder,
+            user_message_id,
+            1,
+            0,
+            estimate=self._estimate,
+            flush=self._flush,
+            require_shrink=False,
         )
         if isinstance(outcome, Stop):
             return await self._result(user_message_id, outcome)
