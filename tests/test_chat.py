@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -356,3 +357,47 @@ def test_model_agent_and_compact_change_the_session(
     chat.expect("new session ses_")
     chat.type("/quit")
     assert chat.exit_code() == 0
+
+
+def test_ctrl_c_twice_quickly_quits_and_leaves_no_turn_running(
+    tmp_path: Path, project: Path, socket: Path, mode: str, daemon: None
+) -> None:
+    slow = " ".join(f"word{n}" for n in range(400))
+    model = _script(tmp_path, [{"text": slow, "chunks": 400, "chunk_delay": 0.05}])
+    chat = Chat(tmp_path, socket, "--model", model, "--dir", str(project))
+    chat.type("talk slowly")
+    chat.expect("word5")
+    chat.child.sendcontrol("c")
+    chat.child.sendcontrol("c")
+    assert chat.exit_code() == 130
+    # The turn was cancelled, not left running in the daemon (or resumed next time).
+    deadline = time.monotonic() + 10
+    while True:
+        listed = subprocess.run(
+            [*HARNESS, "sessions", "--json"],
+            capture_output=True,
+            text=True,
+            env=_env(tmp_path, socket),
+            timeout=30,
+        )
+        (session,) = json.loads(listed.stdout)
+        if session["status"] == "idle" or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert session["status"] == "idle", session
+    assert "word399" not in chat.screen()
+
+
+def test_resuming_an_unknown_session_is_a_usage_error(tmp_path: Path, socket: Path) -> None:
+    child = pexpect.spawn(
+        HARNESS[0],
+        [*HARNESS[1:], "chat", "--session", "ses_nope", "--model", "scripted:/dev/null"],
+        env=_env(tmp_path, socket),
+        encoding="utf-8",
+        timeout=20,
+    )
+    child.expect_exact("no session ses_nope")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 2
+    assert "Traceback" not in (child.before or "")
