@@ -59,24 +59,36 @@ def handle(args: argparse.Namespace) -> int:
     if not directory.is_dir():
         raise UsageError(f"--dir {args.dir}: no such directory")
     directory = directory.resolve()
-    backend = _backend(args, directory)
+    backend = _daemon_backend() or _embedded_backend(args, directory)
     try:
-        return _chat(backend, args, directory)
+        session = _open_session(backend, args, directory)
+    except _EmbeddedOnly:
+        backend.close()
+        backend = _embedded_backend(args, directory)
+        session = _open_session(backend, args, directory)
+    try:
+        return _chat(backend, session, directory)
     finally:
         backend.close()
 
 
-def _backend(args: argparse.Namespace, directory: Path) -> Backend:
-    """The daemon when it answers and can apply the project's file, else embedded."""
-    from harness import daemon_cannot_apply, read_project
+class _EmbeddedOnly(Exception):
+    """The project's file holds settings only an embedded harness applies."""
 
-    project = read_project(directory)
-    local_only = project is not None and bool(daemon_cannot_apply(project[1]))
-    daemon = client() if not local_only else None
-    if daemon is not None and daemon.alive():
-        from harness.commands.chat.backend import DaemonBackend
 
-        return DaemonBackend(daemon)
+def _daemon_backend() -> Backend | None:
+    """The daemon when one answers. Whether it can apply the project's file is its own
+    answer to the session's creation (422 ``invalid_config``), so this path never loads
+    the configuration models: ``harness chat`` is ready sooner."""
+    daemon = client()
+    if daemon is None or not daemon.alive():
+        return None
+    from harness.commands.chat.backend import DaemonBackend
+
+    return DaemonBackend(daemon)
+
+
+def _embedded_backend(args: argparse.Namespace, directory: Path) -> Backend:
     import time
 
     from harness import Config, config_overrides, load_settings
@@ -97,12 +109,17 @@ def _open_session(backend: Backend, args: argparse.Namespace, directory: Path) -
         if args.session:
             return backend.session(args.session)
         model = args.model or os.environ.get("HARNESS_MODEL") or None
-        if model is not None and backend.mode == "daemon":
+        if model is not None and backend.mode == "daemon" and "/" not in model.split(":")[0]:
+            # A `kind:FILE` model (scripted:, replay:): the file is ours, relative to our
+            # directory, not the daemon's. `mistral/…`, `openai/qwen:7b` skip the
+            # provider table's import (~0.1 s of start-up).
             from harness import resolve_model
 
-            model = resolve_model(model)  # a scripted file, from our directory
+            model = resolve_model(model)
         return backend.create_session(str(directory), model, args.agent)
     except BackendError as error:
+        if error.code == "invalid_config" and "embedded" in str(error):
+            raise _EmbeddedOnly(str(error)) from error
         raise UsageError(str(error)) from error
 
 
@@ -117,10 +134,9 @@ def history_file(directory: Path) -> Path:
     return path
 
 
-def _chat(backend: Backend, args: argparse.Namespace, directory: Path) -> int:
+def _chat(backend: Backend, session: dict[str, Any], directory: Path) -> int:
     import asyncio
 
-    session = _open_session(backend, args, directory)
     return asyncio.run(_main(backend, session, directory))
 
 
@@ -148,8 +164,10 @@ async def _main(backend: Backend, session: dict[str, Any], directory: Path) -> i
         f"harness chat · {session['id']} in {session.get('directory')} · /help for commands"
     )
     if not plain:
-        # rich takes ~0.1 s to import: done while the user types the first prompt.
-        threading.Thread(target=_warm_up, daemon=True).start()
+        # rich takes ~0.1 s to import: done while the user types the first prompt, once
+        # the screen is drawn (before, it would hold the GIL the first drawing needs).
+        start = threading.Thread(target=_warm_up, daemon=True).start
+        asyncio.get_running_loop().call_later(0.3, start)
     return await screen.run()
 
 

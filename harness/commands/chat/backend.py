@@ -43,7 +43,12 @@ OnEvent = Callable[[ChatEvent], None]
 
 
 class BackendError(Exception):
-    """A request the backend refused (unknown session, busy, conflict): shown as one line."""
+    """A request the backend refused (unknown session, busy, conflict): shown as one line.
+    ``code`` is the daemon's error code, when it was the daemon."""
+
+    def __init__(self, message: str, code: str = "") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class Backend(Protocol):
@@ -93,7 +98,7 @@ class DaemonBackend:
         except ApiError as error:
             if error.status == 404 and error.code == "not_found" and "no pending" in error.message:
                 return None  # an ask someone else answered first
-            raise BackendError(error.message) from error
+            raise BackendError(error.message, error.code) from error
 
     def create_session(
         self, directory: str, model: str | None, agent: str | None
