@@ -401,3 +401,25 @@ def test_resuming_an_unknown_session_is_a_usage_error(tmp_path: Path, socket: Pa
     child.close()
     assert child.exitstatus == 2
     assert "Traceback" not in (child.before or "")
+
+
+@pytest.mark.parametrize("mode", ["daemon"])
+def test_a_project_file_the_daemon_cannot_apply_is_refused_as_run_refuses_it(
+    tmp_path: Path, project: Path, socket: Path, mode: str, daemon: None
+) -> None:
+    # The daemon will not apply a project's sandbox; embedded, this process would, but the
+    # daemon holds the ledger: one clear line, as `harness run` gives, and exit 1.
+    (project / ".harness").mkdir()
+    (project / ".harness" / "config.toml").write_text('sandbox = "off"\n')
+    model = _script(tmp_path, [{"text": "never"}])
+    child = pexpect.spawn(
+        HARNESS[0],
+        [*HARNESS[1:], "chat", "--model", model, "--dir", str(project)],
+        env=_env(tmp_path, socket),
+        encoding="utf-8",
+        timeout=20,
+    )
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 1, child.before
+    assert "daemon" in (child.before or "") and "Traceback" not in (child.before or "")

@@ -238,20 +238,19 @@ class EmbeddedBackend:
             from harness import open_harness
 
             self._done = trio.Event()
-            try:
-                async with open_harness(self._config) as h, trio.open_nursery() as nursery:
-                    self._h, self._nursery = h, nursery
-                    self._token = trio.lowlevel.current_trio_token()
-                    self._ready.set()
-                    await self._done.wait()
-                    nursery.cancel_scope.cancel()
-            finally:
+            async with open_harness(self._config) as h, trio.open_nursery() as nursery:
+                self._h, self._nursery = h, nursery
+                self._token = trio.lowlevel.current_trio_token()
                 self._ready.set()
+                await self._done.wait()
+                nursery.cancel_scope.cancel()
 
         try:
             trio.run(run)
         except BaseException as error:  # shown by the command as any error of the harness
-            self._failure = error
+            if not self._ready.is_set():
+                self._failure = error  # it never opened: the command reports why
+        finally:
             self._ready.set()
 
     def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
