@@ -30,6 +30,7 @@ class BlockSplitter:
 
     def __init__(self) -> None:
         self._pending = ""
+        self._scanned = 0  # where the first line not yet looked at starts, in _pending
         self._fenced = False  # inside a ``` fence: blank lines do not end the block
 
     @property
@@ -41,26 +42,28 @@ class BlockSplitter:
         """Add streamed text; the blocks it finished, in order."""
         self._pending += text
         blocks: list[str] = []
-        start = 0
-        position = 0
-        lines = self._pending.split("\n")
-        # The last piece has no newline yet: it is still being written.
-        for line in lines[:-1]:
-            end = position + len(line) + 1
+        start = 0  # of the block being gathered
+        position = self._scanned
+        while True:
+            newline = self._pending.find("\n", position)
+            if newline < 0:
+                break  # the last piece has no newline yet: it is still being written
+            line = self._pending[position:newline]
             if line.lstrip().startswith(("```", "~~~")):
                 self._fenced = not self._fenced
             elif not line.strip() and not self._fenced:
                 block = self._pending[start:position]
                 if block.strip():
                     blocks.append(block)
-                start = end
-            position = end
+                start = newline + 1
+            position = newline + 1
         self._pending = self._pending[start:]
+        self._scanned = position - start
         return blocks
 
     def flush(self) -> str:
         """The rest, when the text part ended: a block of its own."""
-        rest, self._pending, self._fenced = self._pending, "", False
+        rest, self._pending, self._fenced, self._scanned = self._pending, "", False, 0
         return rest
 
 

@@ -37,6 +37,27 @@ from prompt_toolkit.styles import Style
 LIVE_LINES = 12  # at most this many lines of the unfinished answer are shown live
 
 
+def live_tail(text: str, width: int, rows: int) -> str:
+    """The end of ``text`` that fills at most ``rows`` terminal rows of ``width``: a long
+    paragraph streams as one line, and drawing all of it each frame would cost more the
+    longer the answer grows (wide characters count as one: a row too many at worst)."""
+    width = max(1, width)
+    kept: list[str] = []
+    left = rows
+    for line in reversed(text.split("\n")):
+        needed = max(1, -(-len(line) // width))
+        if needed >= left:
+            if line:
+                cut = len(line) - left * width
+                kept.append(line[max(0, cut + (-cut % width if cut > 0 else 0)) :])
+            else:
+                kept.append(line)
+            break
+        kept.append(line)
+        left -= needed
+    return "\n".join(reversed(kept))
+
+
 class PromptScreen:
     """``conversation.Screen`` on a prompt_toolkit application."""
 
@@ -155,9 +176,7 @@ class PromptScreen:
         return self._status[: max(1, self.width() - 1)]
 
     def _live_text(self) -> StyleAndTextTuples | ANSI:
-        lines = self._live.split("\n")[-LIVE_LINES:]
-        text = "\n".join(lines)
-        return [("", text)]
+        return [("", live_tail(self._live, self.width(), LIVE_LINES))]
 
     # --- keys -------------------------------------------------------------------------------
 
