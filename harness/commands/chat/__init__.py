@@ -179,4 +179,10 @@ def _interrupter(chat: Any) -> Any:
 
 
 def _warm_up() -> None:
+    import gc
+
     import rich.markdown  # noqa: F401
+
+    # Everything loaded so far lives as long as the chat: out of the collector's full
+    # passes, which would otherwise walk it all (tens of ms) in the middle of a keypress.
+    gc.freeze()
