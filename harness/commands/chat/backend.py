@@ -225,6 +225,7 @@ class EmbeddedBackend:
         self._token: Any = None
         self._nursery: Any = None
         self._done: Any = None
+        self._listeners: list[OnEvent] = []  # told when the harness stops by itself
         self._thread = threading.Thread(target=self._main, name="chat-harness", daemon=True)
         self._thread.start()
         self._ready.wait()
@@ -250,6 +251,12 @@ class EmbeddedBackend:
         except BaseException as error:  # shown by the command as any error of the harness
             if not self._ready.is_set():
                 self._failure = error  # it never opened: the command reports why
+            else:  # it stopped under the chat (a ledger that cannot be written...)
+                from harness.commands.base import leaves
+
+                reason = leaves(error)[0]
+                for listener in self._listeners:
+                    listener(_Lost("", {"error": f"the harness stopped: {reason}"}))
         finally:
             self._ready.set()
 
@@ -373,8 +380,11 @@ class EmbeddedBackend:
             return await self._nursery.start(self._follow, session_id, on_event)  # type: ignore[no-any-return]
 
         scope: trio.CancelScope = self._run(start)
+        self._listeners.append(on_event)
 
         def stop() -> None:
+            with contextlib.suppress(ValueError):
+                self._listeners.remove(on_event)
             with contextlib.suppress(trio.RunFinishedError):
                 trio.from_thread.run_sync(scope.cancel, trio_token=self._token)
 
