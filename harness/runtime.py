@@ -175,6 +175,11 @@ class Harness:
         the running turn's session actor owns the row until it is idle again.
         """
         session = self.session(session_id)
+        # Bad values are refused first, busy or not: the request is wrong either way.
+        if agent is not None:
+            get_agent(agent)  # raises UnknownAgentError with the list of agents
+        if model is not None:
+            split_model(model)  # raises on an unknown provider
         busy = session.status in ("busy", "retry")
         if busy or self.ledger.inbox(session_id) or self.ledger.claimed_turns(session_id):
             raise snapshots.SessionBusy(f"session {session_id} is busy: try again once idle")
@@ -186,10 +191,8 @@ class Harness:
         if base_url is not None:
             changes["base_url"] = base_url
         if agent is not None:
-            get_agent(agent)  # raises UnknownAgentError with the list of agents
             changes["agent"] = agent
         if model is not None:
-            split_model(model)  # raises on an unknown provider
             changes["model"] = resolve_model(model)
         updated = session.model_copy(update=changes)
         await self.ledger.write([NewEvent.of("session.updated", session_id, updated)])
