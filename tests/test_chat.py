@@ -304,7 +304,8 @@ def test_a_question_is_answered_inline_and_history_is_kept_per_project(
     files = list((tmp_path / "home" / "chat-history").iterdir())
     assert len(files) == 1
     assert files[0].stat().st_mode & 0o777 == 0o600
-    assert "pick a database" in files[0].read_text()
+    history = files[0].read_text()
+    assert "pick a database" in history and "\n+2\n" not in history  # answers are not kept
     # The answer reached the ledger as the option's label.
     show = subprocess.run(
         [*HARNESS, "sessions", "--json"],
@@ -423,3 +424,31 @@ def test_a_project_file_the_daemon_cannot_apply_is_refused_as_run_refuses_it(
     child.close()
     assert child.exitstatus == 1, child.before
     assert "daemon" in (child.before or "") and "Traceback" not in (child.before or "")
+
+
+def test_a_session_is_continued_with_session_and_its_agent_changed(
+    tmp_path: Path, project: Path, socket: Path, mode: str, daemon: None
+) -> None:
+    model = _script(tmp_path, [{"text": "first visit"}, {"text": "second visit"}])
+    chat = Chat(tmp_path, socket, "--model", model, "--dir", str(project))
+    chat.type("hello")
+    chat.expect("first visit")
+    chat.finished()
+    chat.type("/quit")
+    assert chat.exit_code() == 0
+    listed = subprocess.run(
+        [*HARNESS, "sessions", "--json"],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path, socket),
+        timeout=30,
+    )
+    (session,) = json.loads(listed.stdout)
+    again = Chat(tmp_path, socket, "--session", session["id"], "--agent", "plan")
+    again.type("/agent")
+    again.expect("agent: plan (")
+    again.type("hello again")
+    again.expect("second visit")  # the same conversation: its second reply
+    again.finished()
+    again.type("/quit")
+    assert again.exit_code() == 0

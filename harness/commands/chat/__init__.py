@@ -107,7 +107,12 @@ def _open_session(backend: Backend, args: argparse.Namespace, directory: Path) -
 
     try:
         if args.session:
-            return backend.session(args.session)
+            session = backend.session(args.session)
+            if args.model or args.agent:  # as /model and /agent would, from the next turn
+                session = backend.update_session(
+                    session["id"], model=args.model, agent=args.agent
+                )
+            return session
         model = args.model or os.environ.get("HARNESS_MODEL") or None
         if model is not None and backend.mode == "daemon" and "/" not in model.split(":")[0]:
             # A `kind:FILE` model (scripted:, replay:): the file is ours, relative to our

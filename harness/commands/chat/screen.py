@@ -34,6 +34,7 @@ from prompt_toolkit.layout.controls import BufferControl, FormattedTextControl
 from prompt_toolkit.layout.processors import BeforeInput
 from prompt_toolkit.styles import Style
 
+HISTORY_PREFIX = "> "  # lines typed at this prefix (prompts, commands) go to the history
 LIVE_LINES = 12  # at most this many lines of the unfinished answer are shown live
 
 
@@ -201,6 +202,14 @@ class PromptScreen:
                 self.buffer.reset()
             if self.on_interrupt is not None:
                 self._spawn(self.on_interrupt(typed))
+
+        @keys.add("enter", filter=Condition(lambda: self._prefix != HISTORY_PREFIX))
+        def _answer(event: KeyPressEvent) -> None:
+            # An answer to an ask ("o", a number) is not worth a place in the history.
+            text = self.buffer.text
+            self.buffer.reset()
+            if self.on_line is not None:
+                self._spawn(self.on_line(text))
 
         @keys.add("c-d")
         def _eof(event: KeyPressEvent) -> None:
