@@ -452,3 +452,28 @@ def test_a_session_is_continued_with_session_and_its_agent_changed(
     again.finished()
     again.type("/quit")
     assert again.exit_code() == 0
+
+
+def test_esc_enter_makes_a_prompt_of_several_lines(
+    tmp_path: Path, project: Path, socket: Path
+) -> None:
+    model = _script(tmp_path, [{"text": "got both lines"}])
+    chat = Chat(tmp_path, socket, "--model", model, "--dir", str(project))
+    chat.child.send("first line")
+    chat.child.send("\x1b\r")
+    chat.child.send("second line\r")
+    chat.expect("got both lines")
+    chat.finished()
+    chat.type("/quit")
+    assert chat.exit_code() == 0
+    env = _env(tmp_path, socket)
+    listed = subprocess.run(
+        [*HARNESS, "sessions", "--json"], capture_output=True, text=True, env=env, timeout=30
+    )
+    session_id = json.loads(listed.stdout)[0]["id"]
+    shown = subprocess.run(
+        [*HARNESS, "show", session_id, "--json"], capture_output=True, text=True, env=env,
+        timeout=30,
+    )
+    texts = [p.get("text") for m in json.loads(shown.stdout)["messages"] for p in m["parts"]]
+    assert "first line\nsecond line" in texts, texts

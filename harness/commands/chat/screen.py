@@ -31,10 +31,12 @@ from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
 from prompt_toolkit.layout import HSplit, Layout, Window
 from prompt_toolkit.layout.containers import ConditionalContainer
 from prompt_toolkit.layout.controls import BufferControl, FormattedTextControl
+from prompt_toolkit.layout.dimension import Dimension
 from prompt_toolkit.layout.processors import BeforeInput
 from prompt_toolkit.styles import Style
 
 HISTORY_PREFIX = "> "  # lines typed at this prefix (prompts, commands) go to the history
+INPUT_LINES = 8  # a prompt of several lines (Esc Enter) grows the input up to this
 LIVE_LINES = 12  # at most this many lines of the unfinished answer are shown live
 
 
@@ -82,8 +84,9 @@ class PromptScreen:
         )
         line = Window(
             BufferControl(self.buffer, input_processors=[BeforeInput(lambda: self._prefix)]),
-            height=1,
-            wrap_lines=False,
+            height=Dimension(min=1, max=INPUT_LINES),
+            dont_extend_height=True,
+            wrap_lines=True,
         )
         status = Window(
             FormattedTextControl(self._status_text), height=1, style="class:status"
@@ -210,6 +213,11 @@ class PromptScreen:
             self.buffer.reset()
             if self.on_line is not None:
                 self._spawn(self.on_line(text))
+
+        @keys.add("escape", "enter")
+        def _newline(event: KeyPressEvent) -> None:
+            # Enter sends; Esc Enter (Alt-Enter) starts a new line of the prompt.
+            self.buffer.insert_text("\n")
 
         @keys.add("c-d")
         def _eof(event: KeyPressEvent) -> None:
