@@ -232,8 +232,12 @@ class Chat:
         child = ask.event.session_id if ask.event.session_id != self.session_id else None
         if ask.is_permission:
             where = f" (session {child})" if child else ""
-            self.say(f"? {data.get('tool') or data['permission']}: {data['permission']} "
-                     f"'{data['pattern']}'{where} — [a]lways allows '{data['always']}'")
+            tool = data.get("tool")
+            by = f" by {tool}" if tool and tool != data["permission"] else ""
+            self.say(
+                f"? {data['permission']} '{data['pattern']}'{by}{where}"
+                f" — [a]lways allows '{data['always']}'"
+            )
         else:
             self.say(question_prompt(data, len(ask.answers), child).lstrip("\n"))
 
