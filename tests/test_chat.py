@@ -477,3 +477,28 @@ def test_esc_enter_makes_a_prompt_of_several_lines(
     )
     texts = [p.get("text") for m in json.loads(shown.stdout)["messages"] for p in m["parts"]]
     assert "first line\nsecond line" in texts, texts
+
+
+def test_escape_sequences_from_the_model_are_shown_not_obeyed(
+    tmp_path: Path, project: Path, socket: Path
+) -> None:
+    hostile = "before\x1b]0;pwned\x07\x1b[2J after"
+    command = "printf 'x' # \x1b]52;c;ZXZpbA==\x07"
+    model = _script(
+        tmp_path,
+        [
+            {"tool_calls": [{"name": "bash", "arguments": {"command": command}}]},
+            {"text": hostile},
+        ],
+    )
+    chat = Chat(tmp_path, socket, "--model", model, "--dir", str(project))
+    chat.type("go")
+    chat.expect("? bash 'printf x'")
+    chat.type("o")
+    chat.expect("→ bash printf 'x' # ^[]52;c;ZXZpbA==^G")
+    chat.expect("before^[]0;pwned^G^[[2J after")
+    chat.finished()
+    chat.type("/quit")
+    assert chat.exit_code() == 0
+    screen = chat.screen()
+    assert "\x1b]0;pwned" not in screen and "\x1b]52" not in screen and "\x1b[2J" not in screen

@@ -72,3 +72,17 @@ def test_markdown_is_rendered_or_left_as_written() -> None:
     assert Renderer(plain=True).markdown("some **bold** text\n", 80) == "some **bold** text"
     coloured = Renderer(plain=False).diff("--- a\n+++ b\n-old\n+new", 80)
     assert "\x1b[31m-old" in coloured and "\x1b[32m+new" in coloured
+
+
+def test_control_characters_never_reach_the_terminal() -> None:
+    from harness.commands.chat.render import clean, clean_data
+
+    hostile = "ok\x1b]52;c;ZXZpbA==\x07\x1b[2J\r\x9b31m\x7fend\ttab\nline"
+    shown = clean(hostile)
+    assert not any(c in shown for c in "\x1b\x07\r\x9b\x7f")
+    assert shown == "ok^[]52;c;ZXZpbA==^G^[[2J^M\ufffd31m^?end\ttab\nline"
+    data = clean_data({"state": {"title": "rm \x1b[8m", "n": 3}, "list": ["\x1b"]})
+    assert data == {"state": {"title": "rm ^[[8m", "n": 3}, "list": ["^["]}
+    # Rendered Markdown of cleaned text holds only the renderer's own escapes.
+    rendered = Renderer(plain=False).markdown(clean("**x**\x1b]0;title\x07"), 80)
+    assert "]0;title" in rendered and "\x07" not in rendered

@@ -19,7 +19,7 @@ from typing import Any, Protocol, TypeVar
 from harness.commands.base import EXIT_CANCELLED, EXIT_ERROR, EXIT_OK
 from harness.commands.chat import slash
 from harness.commands.chat.backend import Backend, BackendError, ChatEvent
-from harness.commands.chat.render import BlockSplitter, Renderer, tool_line
+from harness.commands.chat.render import BlockSplitter, Renderer, clean_data, tool_line
 from harness.commands.display import parse_answer, question_prompt, shape_answers, todo_lines
 
 T = TypeVar("T")
@@ -41,6 +41,15 @@ class Screen(Protocol):
     def set_status(self, text: str) -> None: ...
     def width(self) -> int: ...
     def exit(self, code: int) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Cleaned:
+    """An event whose strings hold no control character (``render.clean``)."""
+
+    type: str
+    session_id: str
+    data: dict[str, Any]
 
 
 @dataclass
@@ -163,7 +172,7 @@ class Chat:
             return
         handler = _HANDLERS.get(event.type)
         if handler is not None:
-            handler(self, event)
+            handler(self, _Cleaned(event.type, event.session_id, clean_data(event.data)))
         self._refresh()
 
     def _flush_text(self) -> None:

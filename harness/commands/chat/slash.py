@@ -13,7 +13,7 @@ from typing import Any, Protocol, TypeVar
 
 from harness.commands.base import EXIT_OK
 from harness.commands.chat.backend import Backend, BackendError
-from harness.commands.chat.render import Renderer
+from harness.commands.chat.render import Renderer, clean
 
 T = TypeVar("T")
 
@@ -87,8 +87,9 @@ async def _sessions(chat: ChatLike, argument: str) -> None:
     lines = []
     for s in sessions[:20]:
         mark = "*" if s["id"] == chat.session_id else " "
-        title = str(s.get("title") or "")[:50]
-        lines.append(f"{mark} {s['id']}  {s.get('status', ''):5}  {title}  ({s.get('directory')})")
+        title = clean(str(s.get("title") or "")[:50])
+        where = clean(str(s.get("directory")))
+        lines.append(f"{mark} {s['id']}  {s.get('status', ''):5}  {title}  ({where})")
     if len(sessions) > 20:
         lines.append(f"  … and {len(sessions) - 20} more (harness sessions)")
     chat.say("\n".join(lines))
@@ -101,11 +102,11 @@ async def _resume(chat: ChatLike, argument: str) -> None:
     session = await chat.call(chat.backend.session, argument)
     await chat.switch(session)
     messages = await chat.call(chat.backend.messages, session["id"])
-    chat.say(f"resumed {session['id']}: {session.get('title') or '(untitled)'}, "
-             f"{len(messages)} messages")
+    title = clean(str(session.get("title") or "(untitled)"))
+    chat.say(f"resumed {session['id']}: {title}, {len(messages)} messages")
     last = _last_answer(messages)
     if last:
-        chat.markdown(last)
+        chat.markdown(clean(last))
 
 
 def _last_answer(messages: list[dict[str, Any]]) -> str:
@@ -143,7 +144,7 @@ def _update(backend: Backend, **fields: str) -> Callable[[str], dict[str, Any]]:
 
 async def _diff(chat: ChatLike, argument: str) -> None:
     answer = await chat.call(chat.backend.diff, chat.session_id)
-    text = str(answer.get("diff") or "")
+    text = clean(str(answer.get("diff") or ""))
     chat.say(chat.renderer.diff(text, chat.width()) if text else "no file changes")
 
 
@@ -169,7 +170,7 @@ async def _undo(chat: ChatLike, argument: str) -> None:
         chat.say("the last turn changed no files")
         return
     lines = [f"undone: {len(changed)} file(s) as before that turn"]
-    lines += [f"  {f['action']:9} {f['shown']}" for f in changed]
+    lines += [f"  {f['action']:9} {clean(str(f['shown']))}" for f in changed]
     chat.say("\n".join(lines))
 
 
