@@ -502,3 +502,17 @@ def test_escape_sequences_from_the_model_are_shown_not_obeyed(
     assert chat.exit_code() == 0
     screen = chat.screen()
     assert "\x1b]0;pwned" not in screen and "\x1b]52" not in screen and "\x1b[2J" not in screen
+
+
+def test_tab_completes_a_slash_command(tmp_path: Path, project: Path, socket: Path) -> None:
+    model = _script(tmp_path, [{"text": "unused"}])
+    chat = Chat(tmp_path, socket, "--model", model, "--dir", str(project))
+    chat.child.send("/he\t")
+    chat.expect("lp")  # completed on the screen (drawn as what changed)
+    chat.child.send("\r")
+    chat.expect("commands:")
+    chat.expect("/undo")
+    chat.child.send("/qu\t")
+    chat.expect("it")
+    chat.child.send("\r")
+    assert chat.exit_code() == 0

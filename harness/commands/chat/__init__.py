@@ -159,7 +159,9 @@ async def _main(backend: Backend, session: dict[str, Any], directory: Path) -> i
     if os.environ.get("TERM", "") in ("", "dumb"):
         screen = LineScreen()  # nothing can be drawn: plain lines, the kernel's editing
     else:
-        screen = PromptScreen(history_file(directory), plain=plain)
+        from harness.commands.chat.slash import COMMANDS
+
+        screen = PromptScreen(history_file(directory), plain=plain, commands=list(COMMANDS))
     chat = Chat(backend, screen, Renderer(plain=plain), session, loop=asyncio.get_running_loop())
     screen.on_line = chat.submit
     screen.on_interrupt = _interrupter(chat)

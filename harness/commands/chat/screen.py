@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from prompt_toolkit.application import Application, run_in_terminal
 from prompt_toolkit.buffer import Buffer
+from prompt_toolkit.completion import CompleteEvent, Completer, Completion
+from prompt_toolkit.document import Document
 from prompt_toolkit.filters import Condition
 from prompt_toolkit.formatted_text import ANSI, StyleAndTextTuples
 from prompt_toolkit.history import FileHistory
@@ -38,6 +40,23 @@ from prompt_toolkit.styles import Style
 HISTORY_PREFIX = "> "  # lines typed at this prefix (prompts, commands) go to the history
 INPUT_LINES = 8  # a prompt of several lines (Esc Enter) grows the input up to this
 LIVE_LINES = 12  # at most this many lines of the unfinished answer are shown live
+
+
+class _SlashCompleter(Completer):
+    """Tab on ``/he`` gives ``/help``; nothing else is completed."""
+
+    def __init__(self, commands: Sequence[str]) -> None:
+        self._commands = commands
+
+    def get_completions(
+        self, document: Document, complete_event: CompleteEvent
+    ) -> Iterable[Completion]:
+        typed = document.text_before_cursor
+        if not typed.startswith("/") or " " in typed:
+            return
+        for command in self._commands:
+            if command.startswith(typed):
+                yield Completion(command, start_position=-len(typed))
 
 
 def live_tail(text: str, width: int, rows: int) -> str:
@@ -64,7 +83,9 @@ def live_tail(text: str, width: int, rows: int) -> str:
 class PromptScreen:
     """``conversation.Screen`` on a prompt_toolkit application."""
 
-    def __init__(self, history_file: Path, *, plain: bool) -> None:
+    def __init__(
+        self, history_file: Path, *, plain: bool, commands: Sequence[str] = ()
+    ) -> None:
         self._plain = plain
         self._prefix = "> "
         self._status = ""
@@ -77,7 +98,11 @@ class PromptScreen:
         self.on_interrupt: Callable[[str], Awaitable[bool]] | None = None
         self.on_eof: Callable[[], Awaitable[None]] | None = None
         self.buffer = Buffer(
-            history=FileHistory(str(history_file)), multiline=False, accept_handler=self._accept
+            history=FileHistory(str(history_file)),
+            multiline=False,
+            accept_handler=self._accept,
+            completer=_SlashCompleter(commands),
+            complete_while_typing=False,  # Tab completes a /command
         )
         live = Window(
             FormattedTextControl(self._live_text), wrap_lines=True, dont_extend_height=True
