@@ -516,3 +516,41 @@ def test_tab_completes_a_slash_command(tmp_path: Path, project: Path, socket: Pa
     chat.expect("it")
     chat.child.send("\r")
     assert chat.exit_code() == 0
+
+
+def test_undo_again_goes_a_turn_further_back_until_a_new_prompt(
+    tmp_path: Path, project: Path, socket: Path
+) -> None:
+    notes = project / "notes.txt"
+    original = notes.read_text()
+
+    def edit(old: str, new: str) -> list[dict[str, Any]]:
+        arguments = {"path": "notes.txt", "old_string": old, "new_string": new}
+        return [{"tool_calls": [{"name": "edit", "arguments": arguments}]}, {"text": f"now {new}"}]
+
+    turns = [*edit("line one", "ONE"), *edit("ONE", "TWO"), *edit("line two", "THREE")]
+    chat = Chat(tmp_path, socket, "--model", _script(tmp_path, turns), "--dir", str(project))
+    chat.type("make it ONE")
+    chat.expect("allow? [o]nce")
+    chat.type("a")  # always: the next edits are not asked
+    chat.expect("now ONE")
+    chat.finished()
+    chat.type("make it TWO")
+    chat.expect("now TWO")
+    chat.finished()
+    after_one = original.replace("line one", "ONE")
+    chat.type("/undo")
+    chat.expect("undone: 1 file(s)")
+    assert notes.read_text() == after_one
+    chat.type("/undo")
+    chat.expect("undone: 1 file(s)")
+    assert notes.read_text() == original
+    chat.type("make it THREE")
+    chat.expect("now THREE")
+    chat.finished()
+    assert "THREE" in notes.read_text()
+    chat.type("/undo")  # this turn, not one before the earlier undo
+    chat.expect("undone: 1 file(s)")
+    assert notes.read_text() == original
+    chat.type("/quit")
+    assert chat.exit_code() == 0

@@ -96,7 +96,9 @@ class Chat:
         self._asks: deque[_Ask] = deque()
         self._armed = False  # a Ctrl-C since the last line sent: the next one quits
         self._sandbox_noticed = False
-        self.undo_floor: str | None = None  # the user message the last /undo went back to
+        # The user message the last /undo went back to: the next one goes further back,
+        # until a new prompt is sent.
+        self.undo_floor: str | None = None
         self.quitting = False
 
     # --- session --------------------------------------------------------------------------
@@ -282,6 +284,7 @@ class Chat:
         self.say(self.renderer.dim(f"── {reason} · {elapsed:.1f} s"))
         if not self.turns:
             self._asks.clear()
+            self._streamed.clear()  # parts a cancel cut never end
 
     def _on_session(self, event: ChatEvent) -> None:
         if event.data.get("id") == self.session_id:
@@ -329,6 +332,8 @@ class Chat:
         self.turns.add(message_id)  # before sending: its end may come before the answer
         self._text_shown = False
         self._sent_at[message_id] = time.monotonic()
+        if not compact:
+            self.undo_floor = None  # the next /undo undoes this turn
         if compact:
             self._compactions.add(message_id)
         self._refresh()
