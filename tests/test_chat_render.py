@@ -86,3 +86,10 @@ def test_control_characters_never_reach_the_terminal() -> None:
     # Rendered Markdown of cleaned text holds only the renderer's own escapes.
     rendered = Renderer(plain=False).markdown(clean("**x**\x1b]0;title\x07"), 80)
     assert "]0;title" in rendered and "\x07" not in rendered
+
+
+def test_a_rendered_block_carries_no_blank_lines_of_its_own() -> None:
+    for block in ("- one\n- two\n", "```py\nx = 1\n```\n", "## Title\n", "text\n"):
+        lines = Renderer(plain=False).markdown(block, 60).split("\n")
+        visible = [__import__("re").sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in lines]
+        assert visible[0] and visible[-1], (block, lines)

@@ -93,6 +93,7 @@ class Chat:
         self._compactions: set[str] = set()  # turns that are a /compact
         self._sent_at: dict[str, float] = {}  # when each of our turns was sent
         self._splitter = BlockSplitter()
+        self._between_blocks = False  # a block of the answer was printed, its gap not yet
         self._asks: deque[_Ask] = deque()
         self._armed = False  # a Ctrl-C since the last line sent: the next one quits
         self._sandbox_noticed = False
@@ -182,7 +183,24 @@ class Chat:
         rest = self._splitter.flush()
         self.screen.set_live("")
         if rest.strip():
+            self._gap()
             self.markdown(rest)
+        self._between_blocks = False  # a tool line or the turn's end comes next
+
+    def _gap(self) -> None:
+        """The blank line between two blocks of an answer (each is rendered on its own,
+        without the blank line that separated them)."""
+        if self._between_blocks:
+            self.say("")
+            self._between_blocks = False
+
+    def _blocks(self, text: str) -> None:
+        for block in self._splitter.feed(text):
+            self._gap()
+            self.markdown(block)
+            self._between_blocks = True
+        if self._splitter.pending.strip():
+            self._gap()
 
     def _on_delta(self, event: ChatEvent) -> None:
         data = event.data
@@ -193,8 +211,7 @@ class Chat:
             return
         delta = str(data.get("delta") or "")
         self._streamed[part_id] = self._streamed.get(part_id, "") + delta
-        for block in self._splitter.feed(delta):
-            self.markdown(block)
+        self._blocks(delta)
         self.screen.set_live(self._splitter.pending)
         self._text_shown = True
 
@@ -224,8 +241,7 @@ class Chat:
         shown = self._streamed.pop(part_id, "")
         text = str(data.get("text") or "")
         if text.startswith(shown):
-            for block in self._splitter.feed(text[len(shown):]):
-                self.markdown(block)
+            self._blocks(text[len(shown):])
         self._flush_text()
         self._text_shown = True
 
@@ -317,13 +333,19 @@ class Chat:
         if self._asks:
             await self._answer(self._asks[0], line)
         elif line.strip().startswith("/"):
-            self.say(f"{PROMPT}{line.strip()}")
+            self._echo(f"{PROMPT}{line.strip()}")
             await slash.run(self, line.strip())
         elif line.strip():
             self._armed = False
-            self.say(f"{PROMPT}{line}")
+            self._echo(f"{PROMPT}{line}")
             await self.send(line)
         self._refresh()
+
+    def _echo(self, line: str) -> None:
+        """What was typed, kept above the input line (a terminal in cooked mode shows
+        it already)."""
+        if not getattr(self.screen, "echoes", False):
+            self.say(line)
 
     async def send(self, text: str, *, compact: bool = False) -> None:
         from harness import new_message_id
@@ -348,13 +370,13 @@ class Chat:
     async def _answer(self, ask: _Ask, line: str) -> None:
         data = ask.event.data
         if ask.is_permission:
-            self.say(f"{ALLOW}{line}")
+            self._echo(f"{ALLOW}{line}")
             reply, message = parse_answer(line)
             self._asks.popleft()
             await self._settle(self.backend.reply_permission, ask.id, reply, message)
         else:
             questions = data["questions"]
-            self.say(f"{ANSWER}{line}")
+            self._echo(f"{ANSWER}{line}")
             if not line.strip():
                 self._asks.popleft()
                 await self._settle(self.backend.reject_question, ask.id, None)

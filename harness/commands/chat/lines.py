@@ -21,6 +21,8 @@ from typing import Any
 class LineScreen:
     """``conversation.Screen`` on plain lines."""
 
+    echoes = True  # the kernel shows what is typed: the chat does not repeat it
+
     def __init__(self) -> None:
         self._live_written = ""  # the live tail already on the terminal
         self._prefix = "> "

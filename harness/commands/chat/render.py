@@ -21,6 +21,9 @@ from harness.commands.display import tool_summary
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the styles rich writes
+
+
 def _shown(match: re.Match[str]) -> str:
     code = ord(match.group())
     return f"^{chr(code + 64)}" if code < 0x20 else "^?" if code == 0x7F else "\ufffd"
@@ -111,7 +114,13 @@ class Renderer:
             file=out, force_terminal=True, width=max(20, width), color_system="256", soft_wrap=False
         )
         console.print(Markdown(text.strip("\n")), end="")
-        return out.getvalue().rstrip("\n")
+        lines = out.getvalue().split("\n")
+        # rich pads a block with blank lines of its own; the chat puts one between blocks.
+        while lines and not _ANSI.sub("", lines[-1]).strip():
+            lines.pop()
+        while lines and not _ANSI.sub("", lines[0]).strip():
+            lines.pop(0)
+        return "\n".join(lines)
 
     def diff(self, text: str, width: int) -> str:
         if self.plain or not text:
