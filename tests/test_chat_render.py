@@ -3,6 +3,8 @@ tool lines and the plain/rich choice."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from harness.commands.chat.render import BlockSplitter, Renderer, tool_line, wants_plain
@@ -91,5 +93,5 @@ def test_control_characters_never_reach_the_terminal() -> None:
 def test_a_rendered_block_carries_no_blank_lines_of_its_own() -> None:
     for block in ("- one\n- two\n", "```py\nx = 1\n```\n", "## Title\n", "text\n"):
         lines = Renderer(plain=False).markdown(block, 60).split("\n")
-        visible = [__import__("re").sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in lines]
+        visible = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in lines]
         assert visible[0] and visible[-1], (block, lines)
