@@ -164,31 +164,24 @@ async def _main(backend: Backend, session: dict[str, Any], directory: Path) -> i
         screen = PromptScreen(history_file(directory), plain=plain, commands=list(COMMANDS))
     chat = Chat(backend, screen, Renderer(plain=plain), session, loop=asyncio.get_running_loop())
     screen.on_line = chat.submit
-    screen.on_interrupt = _interrupter(chat)
+    screen.on_interrupt = chat.interrupt
     screen.on_eof = chat.quit
     await chat.switch(session)
     chat.say(
         f"harness chat · {session['id']} in {session.get('directory')} · /help for commands"
     )
-    if not plain:
-        # rich takes ~0.1 s to import: done while the user types the first prompt, once
-        # the screen is drawn (before, it would hold the GIL the first drawing needs).
-        start = threading.Thread(target=_warm_up, daemon=True).start
-        asyncio.get_running_loop().call_later(0.3, start)
+    # rich takes ~0.1 s to import: done while the user types the first prompt, once the
+    # screen is drawn (before, it would hold the GIL the first drawing needs).
+    start = threading.Thread(target=_warm_up, args=(plain,), daemon=True).start
+    asyncio.get_running_loop().call_later(0.3, start)
     return await screen.run()
 
 
-def _interrupter(chat: Any) -> Any:
-    async def interrupt(typed: str) -> bool:
-        return bool(await chat.interrupt(typed))
-
-    return interrupt
-
-
-def _warm_up() -> None:
+def _warm_up(plain: bool) -> None:
     import gc
 
-    import rich.markdown  # noqa: F401
+    if not plain:
+        import rich.markdown  # noqa: F401
 
     # Everything loaded so far lives as long as the chat: out of the collector's full
     # passes, which would otherwise walk it all (tens of ms) in the middle of a keypress.
