@@ -554,3 +554,19 @@ def test_undo_again_goes_a_turn_further_back_until_a_new_prompt(
     assert notes.read_text() == original
     chat.type("/quit")
     assert chat.exit_code() == 0
+
+
+def test_help_loads_neither_prompt_toolkit_nor_rich(tmp_path: Path, socket: Path) -> None:
+    probe = (
+        "import sys\nfrom harness.cli import main\ntry:\n    main(['--help'])\n"
+        "except SystemExit:\n    pass\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('prompt_toolkit', 'rich')))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path, socket),
+        timeout=30,
+    )
+    assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout
