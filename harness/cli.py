@@ -1,6 +1,6 @@
-"""The command line (DESIGN §9): ``serve``, ``run``, ``sessions``, ``show``, ``events``,
-``cancel``, ``approve``, ``deny``, ``answer``, ``trace``, ``diff``, ``revert``, ``config``,
-``acp`` (DESIGN §13).
+"""The command line (DESIGN §9, §13): ``chat``, ``serve``, ``run``, ``sessions``, ``show``,
+``events``, ``cancel``, ``approve``, ``deny``, ``answer``, ``trace``, ``diff``, ``revert``,
+``config``, ``mcp``, ``acp``.
 
 This module holds what every command shares: the top-level parser, the dispatch to a
 command's handler, and the exit code for whatever a handler raised. Each command is a
@@ -31,6 +31,7 @@ from harness.commands import (
     answer,
     approve,
     cancel,
+    chat,
     config,
     deny,
     diff,
@@ -56,9 +57,8 @@ __all__ = ["EXIT_CANCELLED", "EXIT_ERROR", "EXIT_OK", "EXIT_USAGE", "UsageError"
 
 # In the order ``harness --help`` lists them.
 COMMANDS = (
-    run, serve, config, sessions, show, trace, diff, revert, events, cancel, approve, deny, answer,
-    mcp,
-    acp,
+    chat, run, serve, config, sessions, show, trace, diff, revert, events, cancel, approve, deny,
+    answer, mcp, acp,
 )
 
 
@@ -91,6 +91,11 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     _redact_output()
     try:
         handler = getattr(args, "handler", None)
+        if handler is None and args.command is None and chat.is_terminal():
+            # Plain `harness` on a terminal is a chat, as other coding agents start;
+            # in a pipe or a script it stays the usage text.
+            handler = chat.handle
+            args = parser.parse_args(["chat"])
         if handler is None:
             parser.print_help(sys.stderr)
             code = EXIT_USAGE

@@ -135,8 +135,8 @@ class Client:
         return answer
 
     def update_session(self, session_id: str, **body: Any) -> dict[str, Any]:
-        """``PATCH /v1/sessions/{id}``: ``title``, ``permission`` (rules added) or
-        ``base_url``; 409 while the session is busy."""
+        """``PATCH /v1/sessions/{id}``: ``title``, ``permission`` (rules added),
+        ``base_url``, ``model`` or ``agent``; 409 while the session is busy."""
         fields = {name: value for name, value in body.items() if value not in (None, [])}
         answer: dict[str, Any] = self.request(
             "PATCH", f"/v1/sessions/{quote(session_id)}", fields
@@ -164,6 +164,12 @@ class Client:
         if max_steps is not None:
             body["max_steps"] = max_steps
         answer = self.request("POST", f"/v1/sessions/{quote(session_id)}/prompt", body)
+        return str(answer["message_id"])
+
+    def compact(self, session_id: str, *, message_id: str | None = None) -> str:
+        """Queue a compaction turn; its message id (follow its ``turn.finished``)."""
+        body = {"message_id": message_id} if message_id is not None else {}
+        answer = self.request("POST", f"/v1/sessions/{quote(session_id)}/compact", body)
         return str(answer["message_id"])
 
     def cancel(self, session_id: str) -> bool:

@@ -74,6 +74,8 @@ def text_of(parts: list[Part] | tuple[Part, ...]) -> str:
 
 
 def _user_view(message: UserMessage, parts: list[Part]) -> tuple[ChatMessage, ...]:
+    if message.compact:
+        return ()  # a request to the harness, not words for the model
     text = "".join(p.text for p in parts if isinstance(p, TextPart))
     if message.delivery == "steer" and not message.synthetic:
         text = f"[The user sent this while you were working]\n{text}"

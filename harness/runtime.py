@@ -73,6 +73,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("harness")
 
 
+COMPACT_REQUEST = "/compact"  # the text a compaction turn's user message holds
 _DELETE_WAIT = 10.0  # seconds a deletion waits for a cancelled turn to write its last events
 
 
@@ -171,14 +172,22 @@ class Harness:
         title: str | None = None,
         add_rules: Sequence[Rule] = (),
         base_url: str | None = None,
+        model: str | None = None,
+        agent: str | None = None,
     ) -> Session:
-        """Change settings a later turn uses: the title, more rules, the provider's server.
+        """Change settings a later turn uses: the title, more rules, the provider's server,
+        the model or the agent (checked as ``create_session`` checks them).
 
         Added rules go after the session's own, so they win (the last matching rule
         does). Refused with ``snapshots.SessionBusy`` while a turn runs or input waits:
         the running turn's session actor owns the row until it is idle again.
         """
         session = self.session(session_id)
+        # Bad values are refused first, busy or not: the request is wrong either way.
+        if agent is not None:
+            get_agent(agent)  # raises UnknownAgentError with the list of agents
+        if model is not None:
+            split_model(model)  # raises on an unknown provider
         busy = session.status in ("busy", "retry")
         if busy or self.ledger.inbox(session_id) or self.ledger.claimed_turns(session_id):
             raise snapshots.SessionBusy(f"session {session_id} is busy: try again once idle")
@@ -189,6 +198,10 @@ class Harness:
             changes["permission"] = [*session.permission, *add_rules]
         if base_url is not None:
             changes["base_url"] = base_url
+        if agent is not None:
+            changes["agent"] = agent
+        if model is not None:
+            changes["model"] = resolve_model(model)
         updated = session.model_copy(update=changes)
         await self.ledger.write([NewEvent.of("session.updated", session_id, updated)])
         log.info("session updated", session_id=session_id, fields=sorted(changes))
@@ -265,6 +278,7 @@ class Harness:
         delivery: Delivery = "queue",
         message_id: str | None = None,
         max_steps: int | None = None,
+        compact: bool = False,
     ) -> str:
         """Make the input durable and wake the session; returns the message id.
 
@@ -299,11 +313,19 @@ class Harness:
             text=text,
             delivery=delivery,
             max_steps=max_steps,
+            compact=compact,
             created=time.time(),
         )
         await self.ledger.write([NewEvent.of("inbox.added", session_id, item)])
         await self._supervisor.mailbox.send(WakeSession(session_id))
         return item.id
+
+    async def compact(self, session_id: str, *, message_id: str | None = None) -> str:
+        """Queue a compaction turn (chat's ``/compact``): the model summarizes the whole
+        history, which from then on stands in for it. Returns the turn's message id; its
+        ``turn.finished`` answer says how far the estimate shrank. The request itself is
+        never shown to the model."""
+        return await self.prompt(session_id, COMPACT_REQUEST, message_id=message_id, compact=True)
 
     async def run(self, session_id: str, text: str, *, message_id: str | None = None) -> TurnResult:
         """Prompt, then wait for that turn to end: the answer and the stop reason."""

@@ -38,6 +38,7 @@ from harness.config_files import daemon_cannot_apply, file_rules, read_project
 from harness.messages.api import (
     MAX_ID,
     CancelAnswer,
+    CompactBody,
     CreateSessionBody,
     Health,
     McpStatus,
@@ -256,10 +257,17 @@ async def _update_session(h: Harness, request: Request, session_id: str) -> Resp
     _session_or_404(h, session_id)
     try:
         session = await h.update_session(
-            session_id, title=body.title, add_rules=body.rules(), base_url=body.base_url
+            session_id,
+            title=body.title,
+            add_rules=body.rules(),
+            base_url=body.base_url,
+            model=body.model,
+            agent=body.agent,
         )
     except SessionBusy as error:
         raise ApiError(409, "session_busy", str(error)) from None
+    except (UnknownAgentError, ProviderError) as error:
+        raise ApiError(422, "invalid_session", str(error)) from None
     return Response(200, session.model_dump(mode="json"))
 
 
@@ -298,6 +306,16 @@ async def _prompt(h: Harness, request: Request, session_id: str) -> Response:
         raise ApiError(409, "message_id_conflict", str(error)) from None
     except HarnessError as error:
         raise ApiError(422, "invalid_prompt", str(error)) from None
+    return Response(202, _json(PromptAccepted(message_id=message_id)))
+
+
+async def _compact(h: Harness, request: Request, session_id: str) -> Response:
+    body: CompactBody = request.json(CompactBody)
+    _session_or_404(h, session_id)
+    try:
+        message_id = await h.compact(session_id, message_id=body.message_id)
+    except PromptConflict as error:
+        raise ApiError(409, "message_id_conflict", str(error)) from None
     return Response(202, _json(PromptAccepted(message_id=message_id)))
 
 
@@ -428,7 +446,7 @@ ROUTES: list[Route] = [
                 "Change the settings a later turn uses",
                 Session,
                 body=UpdateSessionBody,
-                errors=(_BUSY,),
+                errors=(_BUSY, (422, "invalid_session")),
             ),
             "DELETE": Operation(_delete_session, "Delete a session", SessionDeleted),
         },
@@ -453,6 +471,19 @@ ROUTES: list[Route] = [
     Route(
         "/v1/sessions/{session_id}/cancel",
         {"POST": Operation(_cancel, "Cancel the running turn", CancelAnswer)},
+    ),
+    Route(
+        "/v1/sessions/{session_id}/compact",
+        {
+            "POST": Operation(
+                _compact,
+                "Compact the history now; answered once the request is durable",
+                PromptAccepted,
+                status=202,
+                body=CompactBody,
+                errors=((409, "message_id_conflict"),),
+            )
+        },
     ),
     Route(
         "/v1/sessions/{session_id}/diff",

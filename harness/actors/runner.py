@@ -93,11 +93,13 @@ class Runner:
         budget: Budget | None = None,
         show_request: bool = False,
         tool_source: Callable[[], Awaitable[Sequence[ToolSpec]]] | None = None,
+        compact_only: bool = False,
     ) -> None:
         self.session = session
         # Tools that can change between steps (MCP servers: started, listed again after
         # tools/list_changed, loaded by mcp_search): asked for at each step instead.
         self._tool_source = tool_source
+        self._compact_only = compact_only
         self._system = tuple(system)
         self._system_sources = tuple(system_sources)
         self._tool_specs = tuple(tool_specs)
@@ -145,6 +147,8 @@ class Runner:
     async def run_turn(self, user_message_id: str) -> TurnResult:
         """Take steps until one says stop; where the turn is comes from the ledger alone."""
         compacted_at = 0  # the step a compaction last ran for: at most once per step
+        if self._compact_only:
+            return await self._compact_on_request(user_message_id)
         while True:
             await self._take_steered()
             await self._flush()
@@ -257,6 +261,27 @@ class Runner:
         return await compact(
             self._recorder, user_message_id, step, keep, estimate=self._estimate, flush=self._flush
         )
+
+    async def _compact_on_request(self, user_message_id: str) -> TurnResult:
+        """A turn the user asked for (chat's ``/compact``): summarize everything, keep
+        nothing verbatim, and end; the summary's message is the turn's only step."""
+        await self._flush()
+        self._history.sync()
+        before = self._estimate()
+        outcome = await compact(
+            self._recorder,
+            user_message_id,
+            1,
+            0,
+            estimate=self._estimate,
+            flush=self._flush,
+            require_shrink=False,
+        )
+        if isinstance(outcome, Stop):
+            return await self._result(user_message_id, outcome)
+        after = self._estimate()
+        answer = f"compacted: about {before} → {after} tokens"
+        return await self._result(user_message_id, Stop("answered", answer=answer))
 
     async def _rerun(self, parts: list[ToolPart]) -> Next | Stop:
         """Run again calls a restart interrupted and recovery judged safe to repeat."""

@@ -181,6 +181,7 @@ class SessionActor:
             model=item.model or session.model,
             delivery=item.delivery,
             max_steps=item.max_steps,
+            compact=item.compact,
             created=time.time(),
         )
         part = TextPart(

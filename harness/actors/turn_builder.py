@@ -129,6 +129,7 @@ class TurnBuilder:
         )
         user_message = ledger.user_message(turn.message_id)
         turn_steps = user_message.max_steps if user_message is not None else None
+        compact_only = user_message is not None and user_message.compact
         runner = Runner(
             session=session,
             model_name=split_model(session.model)[1],
@@ -156,5 +157,6 @@ class TurnBuilder:
             ),
             budget=turn.budget,
             show_request=config.show_request,
+            compact_only=compact_only,
         )
         return runner, executor

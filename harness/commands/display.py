@@ -40,7 +40,7 @@ class Display:
             if state["status"] == "running":
                 print(f"→ {state.get('title') or tool}", file=self._err, flush=True)
             elif state["status"] == "completed":
-                print(f"✓ {tool} ({_summary(state)})", file=self._err, flush=True)
+                print(f"✓ {tool} ({tool_summary(state)})", file=self._err, flush=True)
             elif state["status"] == "error":
                 first = str(state.get("error", "")).splitlines()[0:1]
                 print(f"✗ {tool}: {first[0] if first else 'error'}", file=self._err, flush=True)
@@ -129,7 +129,7 @@ def todo_lines(todos: list[dict[str, Any]], indent: str = "") -> str:
     return "\n".join(lines)
 
 
-def _summary(state: dict[str, Any]) -> str:
+def tool_summary(state: dict[str, Any]) -> str:
     metadata = state.get("metadata") or {}
     if "todos" in metadata or "answers" in metadata:
         return str(state.get("title") or "done")  # "3 todos", "asked 2 questions"

@@ -56,12 +56,14 @@ async def compact(
     *,
     estimate: Callable[[], int],
     flush: Callable[[], Awaitable[None]],
+    require_shrink: bool = True,
 ) -> Next | Stop:
     """Replace the history before the recent messages with a summary the model writes.
 
     The summary is stored as a compaction part of a message of its own; from then on
     the model's view is that summary plus the messages kept verbatim. A summary that
-    does not make the context smaller stops the turn instead of looping.
+    does not make the context smaller stops the turn instead of looping, unless
+    ``require_shrink`` is off (a compaction the user asked for: no loop to break).
     """
     history = recorder.history
     before = estimate()
@@ -97,7 +99,7 @@ async def compact(
         history.sync()
         after = estimate()
         log.info("compacted", tokens_before=before, tokens_after=after)
-    if after >= before * 0.95:
+    if require_shrink and after >= before * 0.95:
         return Stop(
             "overflow",
             f"compaction did not shrink the context ({before} -> {after} tokens); "

@@ -90,9 +90,17 @@ class UpdateSessionBody(_Body):
     title: str | None = Field(default=None, max_length=MAX_TITLE)
     permission: list[ApiRule] = Field(default_factory=list, max_length=MAX_RULES)
     base_url: str | None = Field(default=None, min_length=1, max_length=MAX_URL)
+    model: str | None = Field(default=None, min_length=1, max_length=MAX_MODEL)
+    agent: str | None = Field(default=None, min_length=1, max_length=MAX_NAME)
 
     def rules(self) -> list[Rule]:
         return [rule.rule() for rule in self.permission]
+
+
+class CompactBody(_Body):
+    """``POST /v1/sessions/{id}/compact``: queue a compaction turn (chat's ``/compact``)."""
+
+    message_id: MessageId | None = None
 
 
 class RevertBody(_Body):

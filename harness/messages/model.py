@@ -74,6 +74,9 @@ class UserMessage(_Model):
     delivery: Delivery = "queue"
     synthetic: bool = False  # written by the harness (a restart note), not typed by a user
     max_steps: int | None = None  # this turn's step limit, when the prompt set one
+    # A request to compact the history (chat's /compact), not words for the model: the
+    # turn writes a summary and ends, and the model never sees this message.
+    compact: bool = False
     created: float
 
 
@@ -258,4 +261,5 @@ class InboxItem(_Model):
     agent: str | None = None
     model: str | None = None
     max_steps: int | None = None  # this turn only (`run --max-steps`); None: the agent's
+    compact: bool = False  # a compaction request (``Harness.compact``), see UserMessage
     created: float
