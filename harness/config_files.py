@@ -149,17 +149,28 @@ def read_file(path: Path) -> ConfigFile:
     return parsed
 
 
-def file_rules(parsed: ConfigFile) -> list[Rule]:
-    """``[permission]`` as rules, in file order (OpenCode's shape)."""
+def file_rules(parsed: ConfigFile, source: Path | str | None = None) -> list[Rule]:
+    """``[permission]`` as rules, in file order (OpenCode's shape), each naming ``source``
+    (the file) so the ledger's decision record says where a rule came from."""
+    return permission_rules(parsed.permission, None if source is None else str(source))
+
+
+def permission_rules(
+    table: Mapping[str, Action | Mapping[str, Action]], source: str | None
+) -> list[Rule]:
+    """A ``permission`` table (a config file's or an agent's) as rules, in table order."""
     from harness.permissions.ruleset import permission_for_tool
 
     rules: list[Rule] = []
-    for permission, value in parsed.permission.items():
+    for permission, value in table.items():
         name = permission_for_tool(permission)
         if isinstance(value, str):
-            rules.append(Rule(permission=name, pattern="*", action=value))
+            rules.append(Rule(permission=name, pattern="*", action=value, source=source))
         else:
-            rules += [Rule(permission=name, pattern=p, action=a) for p, a in value.items()]
+            rules += [
+                Rule(permission=name, pattern=p, action=a, source=source)
+                for p, a in value.items()
+            ]
     return rules
 
 
@@ -219,7 +230,7 @@ def load_settings(
             _merge(settings.values.setdefault("permission", {}), parsed.permission)
             rules_keys = _leaves(parsed.permission, "permission.")
             settings.sources.update(dict.fromkeys(rules_keys, source))
-        settings.rules += file_rules(parsed)
+        settings.rules += file_rules(parsed, source)
         settings.providers.update(parsed.providers)
     for variable, key in ENV_KEYS.items():
         if env.get(variable):

@@ -212,7 +212,7 @@ async def _create_session(h: Harness, request: Request) -> Response:
             )
         model = model or parsed.model
         agent = agent or parsed.agent
-        rules = [*file_rules(parsed), *rules]
+        rules = [*file_rules(parsed, path), *rules]
     try:
         session = await h.create_session(
             body.directory or ".",
