@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from harness.actors.permission import no_terminal_hint
+    from harness.agent_files import global_catalog, project_catalog
     from harness.agents import UnknownAgentError
     from harness.config import (
         Config,
@@ -82,6 +83,7 @@ __all__ = [
     "configure_logging",
     "daemon_cannot_apply",
     "default_home",
+    "global_catalog",
     "has_secrets",
     "load_settings",
     "new_message_id",
@@ -91,6 +93,7 @@ __all__ = [
     "open_reader",
     "parse_rule_flag",
     "private_dir",
+    "project_catalog",
     "read_project",
     "redact",
     "render_trace",
@@ -109,6 +112,8 @@ _WHERE = {
     "config_from_files": ("harness.config_files", "config_from_files"),
     "read_project": ("harness.config_files", "read_project"),
     "daemon_cannot_apply": ("harness.config_files", "daemon_cannot_apply"),
+    "global_catalog": ("harness.agent_files", "global_catalog"),
+    "project_catalog": ("harness.agent_files", "project_catalog"),
     "SocketPathError": ("harness.config", "SocketPathError"),
     "default_home": ("harness.config", "default_home"),
     "usable_socket_path": ("harness.config", "usable_socket_path"),

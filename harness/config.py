@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
+    from harness.agents import Agent
     from harness.messages.model import Rule
     from harness.providers.base import Provider
     from harness.providers.table import ProviderKind
@@ -82,6 +83,12 @@ class Config:
     # Named providers (``[providers.NAME]`` of a configuration file): model strings
     # ``NAME/<model>`` for this harness only (harness/providers/table.py, named_providers).
     providers: Mapping[str, ProviderKind] = field(default_factory=dict)
+    # Agents over the built-in ones, by name (an embedder's own). ``agent_files``: also
+    # read the global agent files and tables when the harness starts, and each session's
+    # project ones when it is created (harness/agent_files.py, DESIGN §12);
+    # ``config_from_files`` and the CLI set it, ``Config()`` alone reads no file.
+    agents: Mapping[str, Agent] = field(default_factory=dict)
+    agent_files: bool = False
 
     def __post_init__(self) -> None:
         self.home = Path(self.home).expanduser()

@@ -35,7 +35,8 @@ from harness.actors.permission import Permission
 from harness.actors.question import Question
 from harness.actors.services import SessionServices
 from harness.actors.supervisor import Supervisor
-from harness.agents import get_agent
+from harness.agent_files import AgentBook
+from harness.agents import primary_agent
 from harness.config import Config, SocketPathError, default_home
 from harness.logs import configure_logging
 from harness.messages import ids
@@ -106,8 +107,12 @@ class Harness:
         supervisor: Supervisor,
         question: Question,
         sandbox: Sandbox | None = None,
+        *,
+        agents: AgentBook | None = None,
     ) -> None:
         self.config = config
+        # The agents a session may use, read for its directory when it is created.
+        self.agents = agents or AgentBook(config.agents, files=config.agent_files)
         self.sandbox = sandbox or Sandbox()  # what tools' subprocesses run under
         self.ledger = ledger
         self._feed = feed
@@ -128,7 +133,12 @@ class Harness:
         permission: Sequence[Rule] = (),
         parent_id: str | None = None,
         base_url: str | None = None,
+        default_model: str | None = None,
     ) -> Session:
+        """A new session in ``directory``. Its model: ``model`` if given, else its agent's,
+        else ``default_model`` (a project file's, through the daemon), else the config's.
+        Raises ``UnknownAgentError`` for an agent that is unknown or only a subagent, and
+        ``ConfigFileError`` for a project agent file that cannot be read."""
         path = Path(directory).expanduser()
         try:
             is_dir = path.is_dir()
@@ -137,8 +147,9 @@ class Harness:
         if not is_dir:
             raise HarnessError(f"directory does not exist: {path}")
         agent_name = agent or self.config.agent
-        get_agent(agent_name)  # raises UnknownAgentError with the list of agents
-        model_name = model or self.config.model
+        catalog = self.agents.load(path)  # the project's agent files, read now
+        chosen = primary_agent(agent_name, catalog)  # UnknownAgentError lists the choices
+        model_name = model or chosen.model or default_model or self.config.model
         split_model(model_name)  # raises on an unknown provider
         # A file argument is made absolute now: a daemon's working directory is not the
         # client's.
@@ -152,6 +163,7 @@ class Harness:
             base_url=base_url,
             permission=permission,
         )
+        self.agents.bind(session.id, catalog)
         await record_session(self.ledger, self._feed, session)
         log.info("session created", session_id=session.id, model=model_name)
         return session
@@ -586,6 +598,7 @@ async def _open_harness(config: Config) -> AsyncIterator[Harness]:
         tool_specs=tool_specs(tools),
         questions=question.mailbox,
         sandbox=sandbox,
+        agents=AgentBook(config.agents, files=config.agent_files),
     )
     supervisor = Supervisor(services)
 
@@ -613,7 +626,14 @@ async def _open_harness(config: Config) -> AsyncIterator[Harness]:
                     await inner.start(question.run)
                     await inner.start(supervisor.run)
                     harness = Harness(
-                        config, ledger, feed.mailbox, permission, supervisor, question, sandbox
+                        config,
+                        ledger,
+                        feed.mailbox,
+                        permission,
+                        supervisor,
+                        question,
+                        sandbox,
+                        agents=services.agents,
                     )
                     try:
                         yield harness

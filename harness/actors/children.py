@@ -19,7 +19,7 @@ import trio
 from harness.actors.event_feed import subscription
 from harness.actors.new_session import join_tree, new_session, record_session
 from harness.actors.services import Lineage, SessionServices
-from harness.agents import get_agent
+from harness.agents import subagents
 from harness.context.budget import Budget
 from harness.messages import ids
 from harness.messages.events import NewEvent, wait_turn_finished
@@ -81,17 +81,19 @@ class ChildSessions:
                 raise ToolFailure(f"{session_id} is not a subtask session of this session")
         else:
             name = agent or "general"
-            try:
-                get_agent(name)
-            except ValueError as error:
-                raise ToolFailure(str(error)) from error
+            catalog = self._services.agents.of(self._parent)
+            chosen = catalog.get(name)
+            if chosen is None:
+                offered = ", ".join(a.name for a in subagents(catalog)) or "(none)"
+                raise ToolFailure(f"unknown agent {name[:100]!r}; available agents: {offered}")
             child = new_session(
                 parent_id=self._parent.id,
                 title=description[:50],
                 directory=self._parent.directory,
                 agent=name,
-                model=self._parent.model,
+                model=chosen.model or self._parent.model,
             )
+            self._services.agents.bind(child.id, catalog)
         async with self._limiter:
             return await self._run(
                 child, call_id, message_id, description, prompt, session_id is None

@@ -12,7 +12,7 @@ from typing import Any
 
 import trio
 
-from harness.agents import get_agent
+from harness.agent_files import AgentBook
 from harness.config import Config
 from harness.context.budget import Budget
 from harness.messages.mailbox import FeedMessage, PermissionMessage, QuestionMessage
@@ -36,10 +36,12 @@ class SessionServices:
     tool_specs: Mapping[str, ToolSpec]
     questions: trio.MemorySendChannel[QuestionMessage]
     sandbox: Sandbox = field(default_factory=Sandbox)  # what tools' subprocesses run under
+    # The agents each session may use (built-in, global, its project's).
+    agents: AgentBook = field(default_factory=lambda: AgentBook({}, files=False))
 
     def rules_of(self, session: Session) -> tuple[Rule, ...]:
         """A session's own merged ruleset: defaults < agent < config < session."""
-        agent = get_agent(session.agent)
+        agent = self.agents.agent_of(session)
         return tuple(merge(DEFAULT_RULES, agent.rules, self.config.rules, session.permission))
 
 

@@ -9,7 +9,7 @@ change to the Runner's or the ToolExecutor's arguments is made in one spot.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import trio
@@ -20,7 +20,7 @@ from harness.actors.runner import ContextPolicy, Runner
 from harness.actors.services import Lineage, SessionServices
 from harness.actors.todos import SessionTodos
 from harness.actors.tool_executor import ToolExecutor
-from harness.agents import get_agent
+from harness.agents import subagents
 from harness.context.budget import Budget
 from harness.context.limits import limits_for
 from harness.context.system import SystemBlock, assemble_system
@@ -30,6 +30,7 @@ from harness.permissions.ruleset import disabled_tools
 from harness.providers import split_model
 from harness.providers.base import Provider
 from harness.providers.retry import RetryNotice, RetryPolicy
+from harness.tools.task import task_description
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +70,7 @@ class TurnBuilder:
             own = Budget(config.budget_tokens, config.budget_cost, config.budget_time)
             budget = own if own.limited else None
         system = await assemble_system(
-            get_agent(session.agent).prompt, Path(session.directory), config.home
+            self.services.agents.agent_of(session).prompt, Path(session.directory), config.home
         )
         return Turn(message_id, tuple(system), budget)
 
@@ -82,7 +83,15 @@ class TurnBuilder:
         ledger = services.ledger
         layers = (services.rules_of(session), *self.lineage.ceilings)
         hidden = set().union(*(disabled_tools(services.tools, rules) for rules in layers))
+        catalog = services.agents.of(session)
+        agent = services.agents.agent_of(session)
+        hidden |= agent.disabled_tools(services.tools)  # the agent's ``tools`` map
         tools = {name: tool for name, tool in services.tools.items() if name not in hidden}
+        specs = [services.tool_specs[name] for name in tools]
+        if "task" in tools:
+            # The subagents this session's catalog offers, by name and description.
+            described = task_description(subagents(catalog))
+            specs = [replace(s, description=described) if s.name == "task" else s for s in specs]
         subtasks = ChildSessions(
             services, session, self.lineage, self.child_slots, self.child_actor, turn.budget
         )
@@ -110,8 +119,8 @@ class TurnBuilder:
             provider=provider,
             system=[block.text for block in turn.system],
             system_sources=[block.source for block in turn.system],
-            tool_specs=[services.tool_specs[name] for name in tools],
-            max_steps=turn_steps or config.max_steps or get_agent(session.agent).steps,
+            tool_specs=specs,
+            max_steps=turn_steps or config.max_steps or agent.steps,
             ledger_history=History(ledger, session.id),
             ledger_post=ledger.post,
             ledger_flush=ledger.flush,
