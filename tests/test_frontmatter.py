@@ -1,0 +1,120 @@
+"""The front matter reader: its fast path never disagrees with PyYAML's safe_load.
+
+``harness/frontmatter.py`` reads plain ``key: value`` lines itself so that launch does not
+import PyYAML; whatever it accepts must mean exactly what PyYAML would make of it, and
+whatever it is unsure of must go to PyYAML. Checked on hand-picked traps and on random text.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness import frontmatter
+from harness.frontmatter import FrontMatterError, _fast, parse
+
+
+def _agrees(head: str) -> None:
+    fast = _fast(head)
+    if fast is None:
+        return
+    loaded = yaml.safe_load(head)
+    assert fast == ({} if loaded is None else loaded), head  # empty: no keys
+
+
+TRAPS = [
+    "name: x\ndescription: plain words, with commas",
+    "on: yes",
+    "a: no",
+    "a: off",
+    "a: 1.5",
+    "a: 012",
+    "a: 0x1f",
+    "a: 1_000",
+    "a: 1:20",
+    "a: 2001-12-14",
+    "a: null",
+    "a: ~",
+    "a: .inf",
+    "a: b: c",
+    "a: x # comment",
+    "a: 'quoted'",
+    "a: 'it''s'",
+    'a: "esc\\n"',
+    "a: &anchor x",
+    "a: *alias",
+    "a: !!str 5",
+    "a: [1, 2]",
+    "a: {b: 1}",
+    "a: >\n  folded",
+    "a: |\n  literal",
+    "perm:\n  edit: deny\n  'git *': allow",
+    "perm:\n  edit: deny\n   bash: ask",
+    "perm:\ntop: 1",
+    "a:",
+    "a: 1\na: 2",
+    "a: x\x85y",
+    "a: http://example.com/x",
+    "a: tab\there",
+    "- a\n- b",
+    "'': x",
+    "a: <<",
+    "<<: x",
+    "a: =",
+]
+
+
+@pytest.mark.parametrize("head", TRAPS)
+def test_the_fast_path_agrees_with_pyyaml_or_declines(head: str) -> None:
+    _agrees(head)
+
+
+_WORDS = st.text(
+    alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12
+) | st.sampled_from(["yes", "No", "on", "null", "~", "1", "0", "-1", "1.0", "'a'", '"b"', "#"])
+_INDENT = st.sampled_from(["", " ", "  ", "    "])
+_COLON = st.sampled_from([": ", ":", " : ", ""])
+_LINE = st.tuples(_INDENT, _WORDS, _COLON, _WORDS).map("".join)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(_LINE, max_size=6).map("\n".join))
+def test_random_front_matter_agrees_with_pyyaml(head: str) -> None:
+    fast = _fast(head)
+    if fast is None:
+        return
+    try:
+        expected = yaml.safe_load(head)
+    except yaml.YAMLError:
+        pytest.fail(f"the fast path accepted what PyYAML refuses: {head!r} -> {fast!r}")
+    assert fast == ({} if expected is None else expected), head
+
+
+def test_split_body_and_errors() -> None:
+    assert parse("no front matter\n") == ({}, "no front matter\n")
+    assert parse("---\nname: a\n---\nbody\n") == ({"name": "a"}, "body\n")
+    assert parse("---\n---\nbody") == ({}, "body")
+    with pytest.raises(FrontMatterError, match="never closed"):
+        parse("---\nname: a\n")
+    with pytest.raises(FrontMatterError, match="not a mapping"):
+        parse("---\n- a\n---\n")
+    with pytest.raises(FrontMatterError, match="not valid YAML"):
+        parse("---\na: [\n---\n")
+    with pytest.raises(FrontMatterError, match="not valid YAML"):
+        parse("---\na: !!python/object:os.system x\n---\n")  # safe_load: no object tags
+    assert frontmatter.split("---x\n") == (None, "---x\n")
+
+
+def test_plain_front_matter_never_imports_yaml() -> None:
+    code = (
+        "import sys; from harness.frontmatter import parse;"
+        "print(parse('---\\nname: a\\ndescription: b c\\n---\\nx')[0]);"
+        "print('yaml' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.splitlines() == ["{'name': 'a', 'description': 'b c'}", "False"]
