@@ -289,7 +289,8 @@ async def test_an_agent_file_restricts_a_task_child(
         assert unknown.state.status == "error"
         assert "unknown agent '../nobody'" in unknown.state.error
         assert "available agents: auditor, general" in unknown.state.error
-        assert audited.state.status == "completed"
+        # The denial stops the child, and its result says so.
+        assert audited.state.status == "error" and "denied" in audited.state.error
         [kid] = h.ledger.children(session.id)
         assert kid.agent == "auditor"
         [write] = tool_parts(h, kid.id)
