@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import structlog
 import trio
 
 from harness.actors.children import ChildActorFactory, ChildSessions
@@ -25,12 +26,19 @@ from harness.context.budget import Budget
 from harness.context.limits import limits_for
 from harness.context.system import SystemBlock, assemble_system
 from harness.history import History
+from harness.messages.events import NewEvent
 from harness.messages.model import Session, Tokens
 from harness.permissions.ruleset import disabled_tools
 from harness.providers import split_model
 from harness.providers.base import Provider
 from harness.providers.retry import RetryNotice, RetryPolicy
+from harness.skills import Skill, discover
+from harness.tools.skill import skill_description
 from harness.tools.task import task_description
+
+log = structlog.get_logger("harness.turns")
+# (session, file, reason) already reported by a skill.invalid event in this process.
+_REPORTED: set[tuple[str, str, str]] = set()
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +48,7 @@ class Turn:
     message_id: str  # the user message the turn answers
     system: tuple[SystemBlock, ...]  # once per turn: git status and AGENTS.md hold still
     budget: Budget | None  # None: unlimited
+    skills: tuple[Skill, ...] = ()  # found when the turn starts (harness/skills.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +81,25 @@ class TurnBuilder:
         system = await assemble_system(
             self.services.agents.agent_of(session).prompt, Path(session.directory), config.home
         )
-        return Turn(message_id, tuple(system), budget)
+        skills = await self._skills(session) if "skill" in self.services.tools else ()
+        return Turn(message_id, tuple(system), budget, skills)
+
+    async def _skills(self, session: Session) -> tuple[Skill, ...]:
+        """The session's skills; each SKILL.md skipped is an event and a log line, once
+        per session and file version in this process."""
+        skills, problems = await trio.to_thread.run_sync(discover, Path(session.directory))
+        events = []
+        for problem in problems:
+            key = (session.id, problem.file, problem.reason)
+            if key in _REPORTED:
+                continue
+            _REPORTED.add(key)
+            log.warning("skill skipped", file=problem.file, reason=problem.reason)
+            data = {"file": problem.file, "reason": problem.reason}
+            events.append(NewEvent("skill.invalid", session.id, data))
+        if events:
+            self.services.ledger.post(events)
+        return tuple(skills)
 
     def build(
         self, turn: Turn, session: Session, provider: Provider
@@ -87,11 +114,16 @@ class TurnBuilder:
         agent = services.agents.agent_of(session)
         hidden |= agent.disabled_tools(services.tools)  # the agent's ``tools`` map
         tools = {name: tool for name, tool in services.tools.items() if name not in hidden}
+        if not turn.skills:
+            tools.pop("skill", None)  # nothing to load: the tool would only cost tokens
         specs = [services.tool_specs[name] for name in tools]
         if "task" in tools:
             # The subagents this session's catalog offers, by name and description.
             described = task_description(subagents(catalog))
             specs = [replace(s, description=described) if s.name == "task" else s for s in specs]
+        if "skill" in tools:
+            listed = skill_description(turn.skills)
+            specs = [replace(s, description=listed) if s.name == "skill" else s for s in specs]
         subtasks = ChildSessions(
             services, session, self.lineage, self.child_slots, self.child_actor, turn.budget
         )

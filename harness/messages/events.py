@@ -53,6 +53,7 @@ LoggedType = Literal[
     "question.replied",
     "question.rejected",
     "sandbox.unavailable",  # a turn's commands run unsandboxed: {requested, reason, notice}
+    "skill.invalid",  # a SKILL.md a turn skipped: {file, reason}
 ]
 
 # ephemeral: published live, never stored

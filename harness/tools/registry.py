@@ -15,6 +15,7 @@ from harness.tools.grep import GrepTool
 from harness.tools.list import ListTool
 from harness.tools.question import QuestionTool
 from harness.tools.read import ReadTool
+from harness.tools.skill import SkillTool
 from harness.tools.task import TaskTool
 from harness.tools.todo import TodoReadTool, TodoWriteTool
 from harness.tools.webfetch import WebFetchTool
@@ -36,6 +37,7 @@ def builtin_tools() -> dict[str, Tool[Any]]:
         TodoWriteTool(),
         TodoReadTool(),
         QuestionTool(),
+        SkillTool(),  # offered only to sessions that have skills (actors/turn_builder.py)
     ]
     return {tool.name: tool for tool in tools}
 
