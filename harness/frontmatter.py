@@ -4,7 +4,7 @@ PyYAML's ``safe_load`` is the parser (no tags that build objects). Importing it 
 15-25 ms, more than the whole budget discovery has at launch, and nearly every front
 matter is a few ``key: value`` lines; so a fast path reads that subset itself, and hands
 anything else to PyYAML unchanged. The fast path only accepts text whose meaning it is
-sure of (plain words, quoted strings without escapes, decimal integers, one nested level);
+sure of (plain words, quoted strings without escapes, decimal integers, block mappings);
 for all of it ``yaml.safe_load`` gives the same value (tests/test_frontmatter.py checks
 that against PyYAML), and where it is unsure it declines rather than guesses.
 """
@@ -24,6 +24,13 @@ _SPECIAL = re.compile(
 )
 _INDICATORS = set("-?:,[]{}#&*!|>'\"%@`")
 _DECIMAL = re.compile(r"(?:0|[1-9][0-9]*)$")
+# PyYAML's booleans (YAML 1.1, resolver.py), exactly these spellings.
+_BOOLEANS = {
+    spelling: value
+    for words, value in (("yes true on", True), ("no false off", False))
+    for word in words.split()
+    for spelling in (word, word.capitalize(), word.upper())
+}
 # What PyYAML's reader accepts (yaml/reader.py, NON_PRINTABLE), minus the characters it
 # counts as line breaks (NEL, LS, PS) and the tab: text with anything else is PyYAML's.
 _PRINTABLE = re.compile(
@@ -89,13 +96,14 @@ def _yaml(head: str) -> dict[str, Any]:
 
 
 def _fast(head: str) -> dict[str, Any] | None:
-    """The subset of YAML read without PyYAML: ``key: value`` lines, and ``key:`` followed by
-    more-indented ``key: value`` lines (one level). None: not sure, let PyYAML read it."""
+    """The subset of YAML read without PyYAML: ``key: value`` lines, and ``key:`` followed
+    by more-indented lines (block mappings, nested to any depth, siblings aligned).
+    None: not sure, let PyYAML read it."""
     if not _PRINTABLE.fullmatch(head):
         return None
     data: dict[str, Any] = {}
-    nested: dict[str, Any] | None = None
-    indent: str | None = None
+    stack: list[tuple[int, dict[str, Any]]] = [(0, data)]  # (indent, mapping), innermost last
+    opened: int | None = None  # the indent of a ``key:`` whose mapping has no line yet
     for line in head.split("\n"):
         line = line.removesuffix("\r")
         if not line.strip():
@@ -103,32 +111,32 @@ def _fast(head: str) -> dict[str, Any] | None:
         if "\t" in line or line.lstrip().startswith("#"):
             return None
         body = line.lstrip(" ")
-        lead = line[: len(line) - len(body)]
+        indent = len(line) - len(body)
         item = _pair(body)
         if item is None:
             return None
         key, value = item
-        if lead:
-            if nested is None or (indent is not None and lead != indent) or value is _OPEN:
-                return None
-            indent = lead
-            if key in nested:
-                return None
-            nested[key] = value
-            continue
-        if nested is not None and not nested:
-            return None  # ``key:`` with nothing under it is null in YAML: leave it to PyYAML
-        if key in data:
-            return None
-        nested, indent = None, None
-        if value is _OPEN:
-            nested = {}
-            data[key] = nested
+        if opened is not None:
+            if indent <= opened:
+                return None  # ``key:`` with nothing under it is null: PyYAML's to say
+            stack[-1] = (indent, stack[-1][1])
+            opened = None
         else:
-            data[key] = value
-    if nested is not None and not nested:
-        return None
-    return data
+            while len(stack) > 1 and indent < stack[-1][0]:
+                stack.pop()
+            if indent != stack[-1][0]:
+                return None
+        mapping = stack[-1][1]
+        if key in mapping:
+            return None
+        if value is _OPEN:
+            child: dict[str, Any] = {}
+            mapping[key] = child
+            stack.append((-1, child))  # its indent is set by its first line
+            opened = indent
+        else:
+            mapping[key] = value
+    return None if opened is not None else data
 
 
 _OPEN = object()  # ``key:`` opening a nested mapping
@@ -180,6 +188,8 @@ def _scalar(text: str, *, key: bool) -> Any:
         return text if _KEY.fullmatch(text) and not _SPECIAL.match(text) else None
     if _DECIMAL.match(text):
         return int(text)
+    if text in _BOOLEANS:
+        return _BOOLEANS[text]
     if text[0] in _INDICATORS or _SPECIAL.match(text):
         return None
     if ": " in text or " #" in text or text.endswith(":") or text != text.strip():

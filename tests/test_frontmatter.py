@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 import yaml
@@ -31,6 +32,12 @@ TRAPS = [
     "name: x\ndescription: plain words, with commas",
     "on: yes",
     "a: no",
+    "a: False",
+    "a: TRUE",
+    "a: fAlse",
+    "tools:\n  write: false\n  bash: On",
+    "a:\n  b:\n    c: 1\n  d: 2\ne: 3",
+    "a:\n    b: 1\n  c: 2",
     "a: off",
     "a: 1.5",
     "a: 012",
@@ -76,7 +83,9 @@ def test_the_fast_path_agrees_with_pyyaml_or_declines(head: str) -> None:
 
 _WORDS = st.text(
     alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12
-) | st.sampled_from(["yes", "No", "on", "null", "~", "1", "0", "-1", "1.0", "'a'", '"b"', "#"])
+) | st.sampled_from(
+    ["yes", "No", "on", "false", "TRUE", "Off", "null", "~", "1", "0", "-1", "1.0", "'a'", '"b"']
+)
 _INDENT = st.sampled_from(["", " ", "  ", "    "])
 _COLON = st.sampled_from([": ", ":", " : ", ""])
 _LINE = st.tuples(_INDENT, _WORDS, _COLON, _WORDS).map("".join)
@@ -85,6 +94,49 @@ _LINE = st.tuples(_INDENT, _WORDS, _COLON, _WORDS).map("".join)
 @settings(max_examples=3000, deadline=None)
 @given(st.lists(_LINE, max_size=6).map("\n".join))
 def test_random_front_matter_agrees_with_pyyaml(head: str) -> None:
+    fast = _fast(head)
+    if fast is None:
+        return
+    try:
+        expected = yaml.safe_load(head)
+    except yaml.YAMLError:
+        pytest.fail(f"the fast path accepted what PyYAML refuses: {head!r} -> {fast!r}")
+    assert fast == ({} if expected is None else expected), head
+
+
+# Well-formed-looking block mappings: few keys, indents that may or may not line up.
+_STRUCTURED = st.lists(
+    st.tuples(
+        st.sampled_from(["", "  ", "    ", "   ", "      "]),
+        st.sampled_from(["a", "b", "edit", "'*'", '"git *"', "on", "x-y"]),
+        st.sampled_from([":", ": deny", ": false", ": 3", ": two words", ": 'q'", ": -", ":x"]),
+    ).map("".join),
+    max_size=8,
+).map("\n".join)
+
+
+_KEYS = st.sampled_from(["a", "b", "edit", "'*'", '"git *"', "x-y", "tools", "on"])
+_LEAVES = st.sampled_from(["deny", "false", "True", "3", "two words", "'q'", "-1", "a:b", "x #y"])
+_TREES = st.recursive(
+    st.dictionaries(_KEYS, _LEAVES, min_size=1, max_size=3),
+    lambda inner: st.dictionaries(_KEYS, _LEAVES | inner, min_size=1, max_size=3),
+    max_leaves=10,
+)
+
+
+def _render(tree: dict[str, Any], indent: str = "") -> str:
+    lines = []
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            lines += [f"{indent}{key}:", _render(value, indent + "  ")]
+        else:
+            lines.append(f"{indent}{key}: {value}")
+    return "\n".join(lines)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(_STRUCTURED | _TREES.map(_render))
+def test_nested_front_matter_agrees_with_pyyaml(head: str) -> None:
     fast = _fast(head)
     if fast is None:
         return
