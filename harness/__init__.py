@@ -39,6 +39,7 @@ if TYPE_CHECKING:
         load_settings,
         read_project,
     )
+    from harness.frontmatter import use_store as use_front_matter_store
     from harness.logs import configure_logging
     from harness.messages.events import Event, TurnResult
     from harness.messages.ids import message_id as new_message_id
@@ -100,6 +101,7 @@ __all__ = [
     "resolve_model",
     "serve",
     "usable_socket_path",
+    "use_front_matter_store",
 ]
 
 # name → (module, attribute there)
@@ -114,6 +116,7 @@ _WHERE = {
     "daemon_cannot_apply": ("harness.config_files", "daemon_cannot_apply"),
     "global_catalog": ("harness.agent_files", "global_catalog"),
     "project_catalog": ("harness.agent_files", "project_catalog"),
+    "use_front_matter_store": ("harness.frontmatter", "use_store"),
     "SocketPathError": ("harness.config", "SocketPathError"),
     "default_home": ("harness.config", "default_home"),
     "usable_socket_path": ("harness.config", "usable_socket_path"),

@@ -32,7 +32,6 @@ from pydantic import ValidationError
 from harness import frontmatter
 from harness.agents import _BUILD_PROMPT, _GENERAL_PROMPT, AGENTS, Agent
 from harness.config_files import (
-    AgentFields,
     AgentSpec,
     ConfigFileError,
     global_path,
@@ -61,10 +60,11 @@ _Signature = tuple[int, int, int]
 _PARSED: dict[Path, tuple[_Signature, AgentSpec]] = {}
 
 
-def read_agent_file(path: Path) -> AgentSpec:
-    """An agent file's front matter and body; ``ConfigFileError`` names the file."""
+def read_agent_file(path: Path, info: os.stat_result | None = None) -> AgentSpec:
+    """An agent file's front matter and body; ``ConfigFileError`` names the file.
+    ``info``: its stat, when the caller has it (a directory listing)."""
     try:
-        info = path.stat()
+        info = info or path.stat()
     except OSError as error:
         raise ConfigFileError(f"{path}: cannot be read: {error.strerror or error}") from None
     signature = (info.st_mtime_ns, info.st_size, info.st_ino)
@@ -72,17 +72,18 @@ def read_agent_file(path: Path) -> AgentSpec:
     if cached is not None and cached[0] == signature:
         return cached[1]
     try:
-        data, body = frontmatter.read(path)
+        data, body = frontmatter.read_cached(path, info)
     except frontmatter.FrontMatterError as error:
         raise ConfigFileError(f"{path}: {error}") from None
+    if "prompt" in data:
+        raise ConfigFileError(f"{path}: prompt: unknown key (the body is the prompt)")
     try:
-        fields = AgentFields.model_validate(data)
+        spec = AgentSpec.model_validate({**data, "prompt": body.strip() or None})
     except ValidationError as error:
         first = error.errors()[0]
         key = ".".join(str(part) for part in first["loc"]) or "(front matter)"
         reason = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
         raise ConfigFileError(f"{path}: {key}: {reason}") from None
-    spec = AgentSpec(**fields.model_dump(exclude_none=True), prompt=body.strip() or None)
     _PARSED[path] = (signature, spec)
     return spec
 
@@ -100,22 +101,27 @@ def folder_definitions(folder: Path | None) -> list[Definition]:
     if folder is None:
         return []
     try:
-        entries = sorted(
-            (entry.name, Path(entry.path))
-            for entry in os.scandir(folder)
-            if entry.name.endswith(".md") and not entry.name.startswith(".")
-        )
+        real = folder.resolve()
+        with os.scandir(real) as listing:
+            entries = sorted(
+                (entry.name, entry)
+                for entry in listing
+                if entry.name.endswith(".md") and not entry.name.startswith(".")
+            )
+        definitions = []
+        for file_name, entry in entries:
+            if not entry.is_file():  # follows a symlink, as reading it would
+                continue
+            name = file_name.removesuffix(".md")
+            path = real / file_name
+            _check_name(name, str(path))
+            spec = read_agent_file(path, entry.stat())
+            definitions.append(Definition(name, spec, str(path)))
+        frontmatter.flush()
     except (FileNotFoundError, NotADirectoryError):
         return []
     except OSError as error:
         raise ConfigFileError(f"{folder}: cannot be read: {error.strerror or error}") from None
-    definitions = []
-    for file_name, path in entries:
-        if not path.is_file():
-            continue
-        name = file_name.removesuffix(".md")
-        _check_name(name, str(path))
-        definitions.append(Definition(name, read_agent_file(path), str(path.resolve())))
     return definitions
 
 

@@ -11,6 +11,8 @@ that against PyYAML), and where it is unsure it declines rather than guesses.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -31,11 +33,6 @@ _BOOLEANS = {
     for word in words.split()
     for spelling in (word, word.capitalize(), word.upper())
 }
-# What PyYAML's reader accepts (yaml/reader.py, NON_PRINTABLE), minus the characters it
-# counts as line breaks (NEL, LS, PS) and the tab: text with anything else is PyYAML's.
-_PRINTABLE = re.compile(
-    "[\n\r\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010ffff]*"
-)
 
 
 class FrontMatterError(ValueError):
@@ -77,6 +74,108 @@ def read(path: Path) -> tuple[dict[str, Any], str]:
     return parse(text)
 
 
+# --- parsed files, kept by file version ---------------------------------------------------
+#
+# Kept in this process (a daemon re-reads only what changed), and on disk when a harness
+# names a store (``use_store``: ``$HARNESS_HOME/cache/front-matter.json``), so a new
+# ``harness run`` in a repository with dozens of agents and skills reads one small JSON file
+# instead of parsing each of them again. An entry is keyed by the file's absolute path and
+# valid only for the same (mtime, ctime, size, inode); errors are kept too, so a broken
+# file does not import PyYAML at every launch. The store is a cache: any problem with it
+# is ignored and the files are parsed.
+
+_STORE_VERSION = 1
+_STORE_LIMIT = 4000  # entries; the oldest go first
+_BODY_LIMIT = 64_000  # characters of body kept; a longer one is read again when needed
+_parsed: dict[str, list[Any]] = {}  # path → [signature, data | None, body | None, error | None]
+_store: Path | None = None
+_store_loaded = False
+_dirty = False
+
+
+def use_store(path: Path | None) -> None:
+    """Keep parsed front matter in ``path`` across processes (None: in memory only)."""
+    global _store, _store_loaded
+    if path != _store:
+        _store, _store_loaded = path, False
+
+
+def _signature(info: os.stat_result) -> list[int]:
+    return [info.st_mtime_ns, info.st_ctime_ns, info.st_size, info.st_ino]
+
+
+def _load_store() -> None:
+    global _store_loaded
+    _store_loaded = True
+    if _store is None:
+        return
+    try:
+        with _store.open("rb") as handle:
+            saved = json.load(handle)
+    except (OSError, ValueError):
+        return
+    if isinstance(saved, dict) and saved.get("version") == _STORE_VERSION:
+        entries = saved.get("entries")
+        if isinstance(entries, dict):
+            for path, entry in entries.items():
+                if isinstance(entry, list) and len(entry) == 4:
+                    _parsed.setdefault(path, entry)
+
+
+def flush() -> None:
+    """Write the store if this process parsed something new (atomically, 0600)."""
+    global _dirty
+    if not _dirty or _store is None:
+        return
+    _dirty = False
+    from harness.private import open_private, private_dir
+
+    entries = dict(list(_parsed.items())[-_STORE_LIMIT:])
+    temporary = _store.with_name(f".{_store.name}.{os.getpid()}")
+    try:
+        private_dir(_store.parent)
+        with open_private(temporary, "w", encoding="utf-8") as out:
+            json.dump({"version": _STORE_VERSION, "entries": entries}, out, ensure_ascii=False)
+        os.replace(temporary, _store)
+    except (OSError, ValueError):
+        temporary.unlink(missing_ok=True)
+
+
+def read_cached(
+    path: Path, info: os.stat_result, *, body: bool = True
+) -> tuple[dict[str, Any], str]:
+    """``read`` of a file whose stat is ``info``, from the cache when the file has not
+    changed. ``body=False``: the body may come back empty (only the front matter is
+    wanted, as for a skill's listing)."""
+    global _dirty
+    if not _store_loaded:
+        _load_store()
+    key = str(path)
+    signature = _signature(info)
+    entry = _parsed.get(key)
+    if entry is not None and entry[0] == signature:
+        if entry[3] is not None:
+            raise FrontMatterError(entry[3])
+        if entry[2] is not None or not body:
+            return dict(entry[1]), entry[2] or ""
+    try:
+        data, text = read(path)
+    except FrontMatterError as error:
+        _parsed[key] = [signature, None, None, str(error)]
+        _dirty = True
+        raise
+    kept = text if len(text) <= _BODY_LIMIT else None
+    try:
+        # Only what JSON gives back unchanged (PyYAML may return dates, sets, int keys).
+        if json.loads(json.dumps(data)) == data:
+            _parsed.pop(key, None)  # re-inserted last: the newest entries are kept
+            _parsed[key] = [signature, data, kept, None]
+            _dirty = True
+    except (TypeError, ValueError):
+        pass
+    return data, text
+
+
 def _yaml(head: str) -> dict[str, Any]:
     import yaml
 
@@ -95,27 +194,44 @@ def _yaml(head: str) -> dict[str, Any]:
     return data
 
 
+# One line of a block mapping: indent, a key (plain, 'single' or "double" quoted without
+# escapes), the colon, and the rest (None: nothing, so the key opens a nested mapping).
+_LINE = re.compile(
+    r"""( *)(?:([A-Za-z_][A-Za-z0-9_-]*)|'([^']*)'|"([^"\\]*)"):(?: +(.*?))? *"""
+)
+_OPEN = object()  # ``key:`` opening a nested mapping
+
+
 def _fast(head: str) -> dict[str, Any] | None:
     """The subset of YAML read without PyYAML: ``key: value`` lines, and ``key:`` followed
     by more-indented lines (block mappings, nested to any depth, siblings aligned).
     None: not sure, let PyYAML read it."""
-    if not _PRINTABLE.fullmatch(head):
-        return None
     data: dict[str, Any] = {}
     stack: list[tuple[int, dict[str, Any]]] = [(0, data)]  # (indent, mapping), innermost last
     opened: int | None = None  # the indent of a ``key:`` whose mapping has no line yet
     for line in head.split("\n"):
         line = line.removesuffix("\r")
-        if not line.strip():
+        # str.isprintable is stricter than PyYAML's reader (it refuses tabs, controls,
+        # NEL and the other line breaks, surrogates, BOMs, even a no-break space): text
+        # with any of those is PyYAML's to read.
+        if not line.isprintable():
+            return None
+        if not line or line.isspace():
             continue
-        if "\t" in line or line.lstrip().startswith("#"):
+        found = _LINE.fullmatch(line)
+        if found is None:
+            return None  # a comment, a list, a flow collection, a block scalar, ...
+        lead, plain, single, double, rest = found.groups()
+        if plain is not None:
+            if _SPECIAL.match(plain):
+                return None  # ``on:`` is the key True in YAML 1.1
+            key = plain
+        else:
+            key = single if single is not None else double
+        value: Any = _OPEN if not rest else _value(rest)
+        if value is None:
             return None
-        body = line.lstrip(" ")
-        indent = len(line) - len(body)
-        item = _pair(body)
-        if item is None:
-            return None
-        key, value = item
+        indent = len(lead)
         if opened is not None:
             if indent <= opened:
                 return None  # ``key:`` with nothing under it is null: PyYAML's to say
@@ -139,61 +255,25 @@ def _fast(head: str) -> dict[str, Any] | None:
     return None if opened is not None else data
 
 
-_OPEN = object()  # ``key:`` opening a nested mapping
-
-
-def _pair(text: str) -> tuple[str, Any] | None:
-    key_text, colon, rest = _split_key(text)
-    if not colon:
-        return None
-    key = _scalar(key_text, key=True)
-    if not isinstance(key, str):
-        return None
-    if not rest.strip():
-        return key, _OPEN
-    if not rest.startswith(" "):
-        return None
-    value = _scalar(rest.strip(), key=False)
-    return None if value is None else (key, value)
-
-
-def _split_key(text: str) -> tuple[str, str, str]:
-    if text[:1] in ("'", '"'):
-        quote = text[0]
-        end = text.find(quote, 1)
-        if end < 0:
-            return "", "", ""
-        if text[end + 1 : end + 2] != ":":
-            return "", "", ""
-        return text[: end + 1], ":", text[end + 2 :]
-    key, colon, rest = text.partition(":")
-    return key, colon, rest
-
-
-def _scalar(text: str, *, key: bool) -> Any:
-    """A scalar the fast path is sure of, else None."""
-    if not text:
-        return None
-    if text[0] == "'":
+def _value(text: str) -> Any:
+    """A value the fast path is sure of, else None."""
+    first = text[0]
+    if first == "'":
         inner = text[1:-1]
         if len(text) < 2 or text[-1] != "'" or "'" in inner:
             return None
         return inner
-    if text[0] == '"':
+    if first == '"':
         inner = text[1:-1]
         if len(text) < 2 or text[-1] != '"' or '"' in inner or "\\" in inner:
             return None
         return inner
-    if key:
-        return text if _KEY.fullmatch(text) and not _SPECIAL.match(text) else None
     if _DECIMAL.match(text):
         return int(text)
     if text in _BOOLEANS:
         return _BOOLEANS[text]
-    if text[0] in _INDICATORS or _SPECIAL.match(text):
+    if first in _INDICATORS or _SPECIAL.match(text):
         return None
-    if ": " in text or " #" in text or text.endswith(":") or text != text.strip():
-        return None
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in text):
+    if ": " in text or " #" in text or text[-1] == ":":
         return None
     return text

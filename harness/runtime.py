@@ -28,7 +28,7 @@ from pathlib import Path
 import structlog
 import trio
 
-from harness import snapshots
+from harness import frontmatter, snapshots
 from harness.actors.event_feed import EventFeed, overflow_event, subscription
 from harness.actors.new_session import new_session, record_session
 from harness.actors.permission import Permission
@@ -589,6 +589,8 @@ async def _open_harness(config: Config) -> AsyncIterator[Harness]:
             reason=sandbox.unavailable,
             notice=sandbox.notice,
         )
+    # Agent and skill front matter parsed once per file version, across processes too.
+    frontmatter.use_store(config.home / "cache" / "front-matter.json")
     services = SessionServices(
         config=config,
         ledger=ledger,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,7 +95,7 @@ def _front(path: Path, info: os.stat_result) -> tuple[str, str] | str:
         result = f"larger than {MAX_SKILL_BYTES} bytes"
     else:
         try:
-            data, _ = frontmatter.read(path)
+            data, _ = frontmatter.read_cached(path, info, body=False)
         except frontmatter.FrontMatterError as error:
             result = str(error)
         else:
@@ -123,31 +124,44 @@ def discover(
     problems: list[Problem] = []
     for root, top in _roots(directory, environ):
         try:
-            entries = sorted(entry.name for entry in os.scandir(root))
+            real_root = root.resolve()
+            with os.scandir(real_root) as listing:
+                entries = sorted((entry.name, entry) for entry in listing)
         except OSError:
             continue
-        for entry in entries:
-            if entry.startswith("."):
+        # Without a symlink on the way, a skill's real path is known without resolving it.
+        plain_root = top is None or _inside(real_root, top)
+        for name, entry in entries:
+            if name.startswith("."):
                 continue
-            file = root / entry / SKILL_FILE
+            file = real_root / name / SKILL_FILE
             try:
-                info = file.stat()
-                if not file.is_file():
+                linked = entry.is_symlink()
+                if not entry.is_dir():
                     continue
-                real = file.resolve(strict=True)
+                info = os.lstat(file)
+                if linked or not plain_root or stat.S_ISLNK(info.st_mode):
+                    real = file.resolve(strict=True)
+                    info = real.stat()
+                else:
+                    real = file
+                if not stat.S_ISREG(info.st_mode):
+                    continue
             except (OSError, RuntimeError):  # no SKILL.md, a dangling or looping link
                 continue
             if top is not None and not _inside(real, top):
-                problems.append(Problem(str(file), f"resolves outside the project: {real}"))
+                shown = root / name / SKILL_FILE
+                problems.append(Problem(str(shown), f"resolves outside the project: {real}"))
                 continue
             parsed = _front(real, info)
             if isinstance(parsed, str):
-                problems.append(Problem(str(file), parsed))
+                problems.append(Problem(str(root / name / SKILL_FILE), parsed))
                 continue
-            name, description = parsed
-            if name not in found:  # the nearest one wins
+            skill_name, description = parsed
+            if skill_name not in found:  # the nearest one wins
                 scope = "global" if top is None else "project"
-                found[name] = Skill(name, description, real.parent, real, scope)
+                found[skill_name] = Skill(skill_name, description, real.parent, real, scope)
+    frontmatter.flush()
     return [found[name] for name in sorted(found)], problems
 
 

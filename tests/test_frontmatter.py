@@ -7,8 +7,11 @@ whatever it is unsure of must go to PyYAML. Checked on hand-picked traps and on 
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -170,3 +173,37 @@ def test_plain_front_matter_never_imports_yaml() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.stdout.splitlines() == ["{'name': 'a', 'description': 'b c'}", "False"]
+
+
+def test_the_store_spares_a_later_process_the_parsing(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    skill = project / ".harness" / "skills" / "a" / "SKILL.md"
+    skill.parent.mkdir(parents=True)
+    skill.write_text("---\nname: a\ndescription: 'first: quoted'\n---\nbody\n")
+    store = tmp_path / "home" / "cache" / "front-matter.json"
+    code = (
+        "import sys; from pathlib import Path; import harness.frontmatter as f;"
+        f"f.use_store(Path({str(store)!r})); from harness.skills import discover;"
+        f"print(discover(Path({str(project)!r}))[0][0].description, 'yaml' in sys.modules)"
+    )
+
+    def describe() -> str:
+        env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+        )
+        return done.stdout.strip()
+
+    assert describe() == "first: quoted False"
+    assert store.stat().st_mode & 0o777 == 0o600
+    # A later process takes the entry as stored while the file is unchanged...
+    saved = json.loads(store.read_text())
+    [entry] = saved["entries"].values()
+    entry[1]["description"] = "from the store"
+    store.write_text(json.dumps(saved))
+    assert describe() == "from the store False"
+    # ...and parses the file again once it changes; a broken store is only a cache miss.
+    skill.write_text("---\nname: a\ndescription: second\n---\nbody\n")
+    assert describe() == "second False"
+    store.write_text("{not json")
+    assert describe() == "second False"

@@ -117,16 +117,19 @@ def _run(args: argparse.Namespace) -> int:
     from harness import (
         config_overrides,
         daemon_cannot_apply,
+        default_home,
         global_catalog,
         load_settings,
         project_catalog,
         read_project,
+        use_front_matter_store,
     )
 
     # Defaults < global file < project file < HARNESS_* < flags (DESIGN §11).
     settings = load_settings(directory)
     # Agent files are checked now, whichever process runs the session: a bad one is one
     # line and exit 1 before anything starts.
+    use_front_matter_store(default_home() / "cache" / "front-matter.json")
     project_catalog(global_catalog(), directory)
     # The daemon reads a session's project file itself, except what is its own (a
     # project's providers, budget, sandbox): with those, this run stays embedded.
