@@ -134,8 +134,9 @@ def flush() -> None:
     temporary = _store.with_name(f".{_store.name}.{os.getpid()}")
     try:
         private_dir(_store.parent)
+        text = json.dumps({"version": _STORE_VERSION, "entries": entries}, ensure_ascii=False)
         with open_private(temporary, "w", encoding="utf-8") as out:
-            json.dump({"version": _STORE_VERSION, "entries": entries}, out, ensure_ascii=False)
+            out.write(text)
         os.replace(temporary, _store)
     except (OSError, ValueError):
         temporary.unlink(missing_ok=True)
@@ -165,15 +166,23 @@ def read_cached(
         _dirty = True
         raise
     kept = text if len(text) <= _BODY_LIMIT else None
-    try:
-        # Only what JSON gives back unchanged (PyYAML may return dates, sets, int keys).
-        if json.loads(json.dumps(data)) == data:
-            _parsed.pop(key, None)  # re-inserted last: the newest entries are kept
-            _parsed[key] = [signature, data, kept, None]
-            _dirty = True
-    except (TypeError, ValueError):
-        pass
+    if _plain(data):
+        _parsed.pop(key, None)  # re-inserted last: the newest entries are kept
+        _parsed[key] = [signature, data, kept, None]
+        _dirty = True
     return data, text
+
+
+def _plain(value: Any) -> bool:
+    """Whether JSON gives ``value`` back unchanged (PyYAML may return dates, sets, int
+    keys, NaN): only such front matter is stored."""
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_plain(item) for item in value)
+    if isinstance(value, float):
+        return value == value and value not in (float("inf"), float("-inf"))
+    return value is None or isinstance(value, str | int)
 
 
 def _yaml(head: str) -> dict[str, Any]:

@@ -44,8 +44,8 @@ MAX_DESCRIPTION = 1024  # the Agent Skills limit; longer ones are cut in the too
 class Skill:
     name: str
     description: str
-    folder: Path  # resolved: where the model reads the files the skill ships
-    file: Path  # its SKILL.md, resolved
+    folder: str  # resolved: where the model reads the files the skill ships
+    file: str  # its SKILL.md, resolved
     scope: str  # "project" or "global"
 
 
@@ -58,7 +58,7 @@ class Problem:
 
 
 _Signature = tuple[int, int, int]
-_PARSED: dict[Path, tuple[_Signature, tuple[str, str] | str]] = {}  # (name, description) or why
+_PARSED: dict[str, tuple[_Signature, tuple[str, str] | str]] = {}  # (name, description) or why
 
 
 def global_folder(environ: Mapping[str, str] | None = None) -> Path:
@@ -84,7 +84,7 @@ def _roots(directory: Path, environ: Mapping[str, str] | None) -> list[tuple[Pat
     return roots
 
 
-def _front(path: Path, info: os.stat_result) -> tuple[str, str] | str:
+def _front(path: str, info: os.stat_result) -> tuple[str, str] | str:
     """(name, description) of one SKILL.md, or the reason it is skipped."""
     signature = (info.st_mtime_ns, info.st_size, info.st_ino)
     cached = _PARSED.get(path)
@@ -95,7 +95,7 @@ def _front(path: Path, info: os.stat_result) -> tuple[str, str] | str:
         result = f"larger than {MAX_SKILL_BYTES} bytes"
     else:
         try:
-            data, _ = frontmatter.read_cached(path, info, body=False)
+            data, _ = frontmatter.read_cached(Path(path), info, body=False)
         except frontmatter.FrontMatterError as error:
             result = str(error)
         else:
@@ -112,8 +112,8 @@ def _front(path: Path, info: os.stat_result) -> tuple[str, str] | str:
     return result
 
 
-def _inside(path: Path, top: Path) -> bool:
-    return path == top or top in path.parents
+def _inside(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip(os.sep) + os.sep)
 
 
 def discover(
@@ -124,43 +124,46 @@ def discover(
     problems: list[Problem] = []
     for root, top in _roots(directory, environ):
         try:
-            real_root = root.resolve()
+            real_root = os.path.realpath(root, strict=True)
             with os.scandir(real_root) as listing:
                 entries = sorted((entry.name, entry) for entry in listing)
         except OSError:
             continue
+        # Plain strings, not pathlib, in this loop: it runs for every skill at launch.
+        inside = None if top is None else str(top)
         # Without a symlink on the way, a skill's real path is known without resolving it.
-        plain_root = top is None or _inside(real_root, top)
+        plain_root = inside is None or _inside(real_root, inside)
         for name, entry in entries:
             if name.startswith("."):
                 continue
-            file = real_root / name / SKILL_FILE
+            file = os.path.join(real_root, name, SKILL_FILE)
             try:
                 linked = entry.is_symlink()
                 if not entry.is_dir():
                     continue
                 info = os.lstat(file)
                 if linked or not plain_root or stat.S_ISLNK(info.st_mode):
-                    real = file.resolve(strict=True)
-                    info = real.stat()
+                    real = os.path.realpath(file, strict=True)
+                    info = os.stat(real)
                 else:
                     real = file
                 if not stat.S_ISREG(info.st_mode):
                     continue
             except (OSError, RuntimeError):  # no SKILL.md, a dangling or looping link
                 continue
-            if top is not None and not _inside(real, top):
-                shown = root / name / SKILL_FILE
-                problems.append(Problem(str(shown), f"resolves outside the project: {real}"))
+            shown = os.path.join(root, name, SKILL_FILE)
+            if inside is not None and not _inside(real, inside):
+                problems.append(Problem(shown, f"resolves outside the project: {real}"))
                 continue
             parsed = _front(real, info)
             if isinstance(parsed, str):
-                problems.append(Problem(str(root / name / SKILL_FILE), parsed))
+                problems.append(Problem(shown, parsed))
                 continue
             skill_name, description = parsed
             if skill_name not in found:  # the nearest one wins
                 scope = "global" if top is None else "project"
-                found[skill_name] = Skill(skill_name, description, real.parent, real, scope)
+                folder = os.path.dirname(real)
+                found[skill_name] = Skill(skill_name, description, folder, real, scope)
     frontmatter.flush()
     return [found[name] for name in sorted(found)], problems
 
@@ -168,9 +171,9 @@ def discover(
 def skill_body(skill: Skill) -> str:
     """The instructions of a skill: its SKILL.md after the front matter."""
     try:
-        info = skill.file.stat()
+        info = os.stat(skill.file)
     except OSError as error:
         raise frontmatter.FrontMatterError(f"cannot be read: {error.strerror}") from None
     if info.st_size > MAX_SKILL_BYTES:
         raise frontmatter.FrontMatterError(f"larger than {MAX_SKILL_BYTES} bytes")
-    return frontmatter.read(skill.file)[1].strip()
+    return frontmatter.read(Path(skill.file))[1].strip()

@@ -63,7 +63,7 @@ def test_skills_from_each_folder_nearest_first(tmp_path: Path, repo: Path) -> No
         ("delta", "from the global folder", "global"),
         ("gamma", "from .claude", "project"),
     ]
-    assert skills[0].folder == (repo / "src" / ".claude" / "skills" / "alpha").resolve()
+    assert skills[0].folder == str((repo / "src" / ".claude" / "skills" / "alpha").resolve())
     # Above the repository root nothing counts; outside one, only the directory's own.
     _skill(tmp_path / ".harness" / "skills" / "outer", "outer", "above the repository")
     assert "outer" not in {s.name for s in discover(repo / "src")[0]}

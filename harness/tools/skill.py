@@ -68,7 +68,7 @@ class SkillTool(Tool[SkillParams]):
         return ToolOutput(
             output=output,
             title=f"skill {chosen.name}",
-            metadata={"name": chosen.name, "folder": str(chosen.folder)},
+            metadata={"name": chosen.name, "folder": chosen.folder},
         )
 
 
