@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,7 @@ _parsed: dict[str, list[Any]] = {}  # path → [signature, data | None, body | N
 _store: Path | None = None
 _store_loaded = False
 _dirty = False
+_writing = threading.Lock()  # a turn's skill discovery runs in a worker thread
 
 
 def use_store(path: Path | None) -> None:
@@ -127,19 +129,21 @@ def flush() -> None:
     global _dirty
     if not _dirty or _store is None:
         return
-    _dirty = False
     from harness.private import open_private, private_dir
 
-    entries = dict(list(_parsed.items())[-_STORE_LIMIT:])
-    temporary = _store.with_name(f".{_store.name}.{os.getpid()}")
-    try:
-        private_dir(_store.parent)
-        text = json.dumps({"version": _STORE_VERSION, "entries": entries}, ensure_ascii=False)
-        with open_private(temporary, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.replace(temporary, _store)
-    except (OSError, ValueError):
-        temporary.unlink(missing_ok=True)
+    with _writing:
+        _dirty = False
+        entries = dict(list(_parsed.items())[-_STORE_LIMIT:])
+        temporary = _store.with_name(f".{_store.name}.{os.getpid()}")
+        try:
+            private_dir(_store.parent)
+            data = {"version": _STORE_VERSION, "entries": entries}
+            text = json.dumps(data, ensure_ascii=False)
+            with open_private(temporary, "w", encoding="utf-8") as out:
+                out.write(text)
+            os.replace(temporary, _store)
+        except (OSError, ValueError):
+            temporary.unlink(missing_ok=True)
 
 
 def read_cached(

@@ -336,3 +336,14 @@ def test_daemon_reads_project_agents_at_session_creation(tmp_path: Path, socket_
         assert refused.value.status == 422 and str(bad.resolve()) in refused.value.message
     finally:
         assert stop(daemon) == 0
+
+
+def test_daemon_refuses_to_start_on_a_bad_global_agent_file(
+    tmp_path: Path, socket_dir: Path
+) -> None:
+    bad = _write(tmp_path / "xdg" / "harness" / "agents" / "x.md", "---\nsteps: x\n---\n")
+    env = _env(tmp_path, HARNESS_SOCKET=str(socket_dir / "h.sock"))
+    done = _harness(env, "serve")
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()]
+    assert str(bad) in done.stderr and "steps" in done.stderr and "Traceback" not in done.stderr

@@ -24,6 +24,8 @@ from harness.context.budget import Budget
 from harness.messages import ids
 from harness.messages.events import NewEvent, wait_turn_finished
 from harness.messages.model import InboxItem, Session, SubtaskPart
+from harness.providers import resolve_model, split_model
+from harness.providers.errors import ProviderError
 from harness.tools.base import SubtaskResult, ToolFailure
 
 log = structlog.get_logger("harness.children")
@@ -86,12 +88,19 @@ class ChildSessions:
             if chosen is None:
                 offered = ", ".join(a.name for a in subagents(catalog)) or "(none)"
                 raise ToolFailure(f"unknown agent {name[:100]!r}; available agents: {offered}")
+            model = self._parent.model
+            if chosen.model:  # the agent's own model, checked as a session's would be
+                try:
+                    split_model(chosen.model)
+                except ProviderError as error:
+                    raise ToolFailure(f"agent {name}: {error}") from None
+                model = resolve_model(chosen.model)
             child = new_session(
                 parent_id=self._parent.id,
                 title=description[:50],
                 directory=self._parent.directory,
                 agent=name,
-                model=chosen.model or self._parent.model,
+                model=model,
             )
             self._services.agents.bind(child.id, catalog)
         async with self._limiter:
