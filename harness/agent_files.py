@@ -117,7 +117,6 @@ def folder_definitions(folder: Path | None) -> list[Definition]:
             _check_name(name, str(path))
             spec = read_agent_file(path, entry.stat())
             definitions.append(Definition(name, spec, str(path)))
-        frontmatter.flush()
     except (FileNotFoundError, NotADirectoryError):
         return []
     except OSError as error:
@@ -195,7 +194,9 @@ def global_catalog(environ: Mapping[str, str] | None = None) -> dict[str, Agent]
 
 def project_catalog(base: Catalog, directory: Path) -> dict[str, Agent]:
     """``base`` under the project level of ``directory``."""
-    return build_catalog(base, project_definitions(directory))
+    catalog = build_catalog(base, project_definitions(directory))
+    frontmatter.flush()  # the global level's files too: one write for both
+    return catalog
 
 
 class AgentBook:
