@@ -19,12 +19,14 @@ from pathlib import Path
 from typing import Any
 
 _FENCE = "---"
-_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 # Plain scalars PyYAML might read as something other than a string: booleans of YAML 1.1,
 # nulls, numbers of any kind, timestamps, the merge key and the value indicator.
-_SPECIAL = re.compile(
-    r"(?i:y|n|yes|no|true|false|on|off|null|~)$|[-+.0-9]|<<|=",
-)
+_SPECIAL_WORDS = frozenset(["y", "n", "yes", "no", "true", "false", "on", "off", "null", "~"])
+_SPECIAL_START = re.compile(r"[-+.0-9]|<<|=")
+
+
+def _special(text: str) -> bool:
+    return text.lower() in _SPECIAL_WORDS or _SPECIAL_START.match(text) is not None
 _INDICATORS = set("-?:,[]{}#&*!|>'\"%@`")
 _DECIMAL = re.compile(r"(?:0|[1-9][0-9]*)$")
 # PyYAML's booleans (YAML 1.1, resolver.py), exactly these spellings.
@@ -236,7 +238,7 @@ def _fast(head: str) -> dict[str, Any] | None:
             return None  # a comment, a list, a flow collection, a block scalar, ...
         lead, plain, single, double, rest = found.groups()
         if plain is not None:
-            if _SPECIAL.match(plain):
+            if _special(plain):
                 return None  # ``on:`` is the key True in YAML 1.1
             key = plain
         else:
@@ -285,7 +287,7 @@ def _value(text: str) -> Any:
         return int(text)
     if text in _BOOLEANS:
         return _BOOLEANS[text]
-    if first in _INDICATORS or _SPECIAL.match(text):
+    if first in _INDICATORS or _special(text):
         return None
     if ": " in text or " #" in text or text[-1] == ":":
         return None

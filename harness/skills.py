@@ -27,8 +27,8 @@ import os
 import re
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from harness import frontmatter
 from harness.config_files import project_chain
@@ -40,8 +40,9 @@ MAX_SKILL_BYTES = 1_000_000  # a SKILL.md is instructions, not data
 MAX_DESCRIPTION = 1024  # the Agent Skills limit; longer ones are cut in the tool's list
 
 
-@dataclass(frozen=True, slots=True)
-class Skill:
+# NamedTuples, not dataclasses: this module loads with every run, and a dataclass costs
+# ten times as much to create at import.
+class Skill(NamedTuple):
     name: str
     description: str
     folder: str  # resolved: where the model reads the files the skill ships
@@ -49,8 +50,7 @@ class Skill:
     scope: str  # "project" or "global"
 
 
-@dataclass(frozen=True, slots=True)
-class Problem:
+class Problem(NamedTuple):
     """A SKILL.md that was skipped, and why."""
 
     file: str
