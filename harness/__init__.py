@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from harness.acp.agent import SessionFlags, serve_acp
     from harness.actors.mcp_client import probe as probe_mcp_servers
     from harness.actors.permission import no_terminal_hint
+    from harness.agent_files import global_catalog, project_catalog
     from harness.agents import UnknownAgentError
     from harness.config import (
         Config,
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
         load_settings,
         read_project,
     )
+    from harness.frontmatter import use_store as use_front_matter_store
     from harness.logs import configure_logging
     from harness.messages.events import Event, TurnResult
     from harness.messages.ids import message_id as new_message_id
@@ -89,6 +91,7 @@ __all__ = [
     "configure_logging",
     "daemon_cannot_apply",
     "default_home",
+    "global_catalog",
     "has_secrets",
     "load_settings",
     "new_message_id",
@@ -99,6 +102,7 @@ __all__ = [
     "parse_rule_flag",
     "private_dir",
     "probe_mcp_servers",
+    "project_catalog",
     "read_project",
     "redact",
     "render_trace",
@@ -107,6 +111,7 @@ __all__ = [
     "serve_acp",
     "tool",
     "usable_socket_path",
+    "use_front_matter_store",
 ]
 
 # name → (module, attribute there)
@@ -119,6 +124,9 @@ _WHERE = {
     "config_from_files": ("harness.config_files", "config_from_files"),
     "read_project": ("harness.config_files", "read_project"),
     "daemon_cannot_apply": ("harness.config_files", "daemon_cannot_apply"),
+    "global_catalog": ("harness.agent_files", "global_catalog"),
+    "project_catalog": ("harness.agent_files", "project_catalog"),
+    "use_front_matter_store": ("harness.frontmatter", "use_store"),
     "SocketPathError": ("harness.config", "SocketPathError"),
     "default_home": ("harness.config", "default_home"),
     "usable_socket_path": ("harness.config", "usable_socket_path"),

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Literal
 
 from harness.messages.model import Rule
 
-AgentMode = Literal["primary", "subagent"]
+AgentMode = Literal["primary", "subagent", "all"]
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,35 @@ class Agent:
     rules: tuple[Rule, ...] = ()  # merged after DEFAULT_RULES, before config and session
     mode: AgentMode = "primary"
     steps: int | None = None  # most model turns per prompt; None means no limit
+    model: str | None = None  # the model its sessions use unless one is named (flag, API)
+    # Tool name (``*`` and ``?`` wildcards) -> enabled; the last matching entry decides.
+    # A disabled tool is hidden from the model and refused if called anyway.
+    tools: Mapping[str, bool] = field(default_factory=dict)
+    source: str = "built-in"  # where it was defined: "built-in" or the files, ", "-joined
+
+    @property
+    def primary(self) -> bool:
+        return self.mode in ("primary", "all")
+
+    @property
+    def subagent(self) -> bool:
+        return self.mode in ("subagent", "all")
+
+    def disabled_tools(self, names: Iterable[str]) -> set[str]:
+        """The tools of ``names`` this agent's ``tools`` map turns off."""
+        if not self.tools:
+            return set()
+        from harness.permissions.wildcard import match
+
+        off: set[str] = set()
+        for name in names:
+            verdict = None
+            for pattern, enabled in self.tools.items():
+                if match(pattern, name):
+                    verdict = enabled
+            if verdict is False:
+                off.add(name)
+        return off
 
 
 class UnknownAgentError(KeyError, ValueError):
@@ -83,10 +113,29 @@ AGENTS: dict[str, Agent] = {
 }
 
 
-def get_agent(name: str) -> Agent:
-    """The agent called ``name``."""
+def get_agent(name: str, catalog: Mapping[str, Agent] | None = None) -> Agent:
+    """The agent called ``name`` in ``catalog`` (default: the built-in agents)."""
+    agents = AGENTS if catalog is None else catalog
     try:
-        return AGENTS[name]
+        return agents[name]
     except KeyError:
-        available = ", ".join(sorted(AGENTS))
+        available = ", ".join(sorted(agents))
         raise UnknownAgentError(f"unknown agent {name!r}; available: {available}") from None
+
+
+def primary_agent(name: str, catalog: Mapping[str, Agent]) -> Agent:
+    """The agent a session is started with (``--agent``): one whose mode allows it."""
+    choices = ", ".join(sorted(n for n, a in catalog.items() if a.primary)) or "(none)"
+    agent = catalog.get(name)
+    if agent is None:
+        raise UnknownAgentError(f"unknown agent {name!r}; primary agents: {choices}")
+    if not agent.primary:
+        raise UnknownAgentError(
+            f"agent {name!r} is a subagent (for the task tool only); primary agents: {choices}"
+        )
+    return agent
+
+
+def subagents(catalog: Mapping[str, Agent]) -> list[Agent]:
+    """The agents ``task`` offers, by name."""
+    return [catalog[name] for name in sorted(catalog) if catalog[name].subagent]

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
+    from harness.agents import Agent
     from harness.mcp.spec import McpServerSpec
     from harness.messages.model import Rule
     from harness.providers.base import Provider
@@ -95,6 +96,12 @@ class Config:
     # gets a search tool over their tools instead of every schema (docs/mcp.md).
     mcp_servers: Mapping[str, McpServerSpec] = field(default_factory=dict)
     mcp_search_threshold: int = 10_000
+    # Agents over the built-in ones, by name (an embedder's own). ``agent_files``: also
+    # read the global agent files and tables when the harness starts, and each session's
+    # project ones when it is created (harness/agent_files.py, DESIGN §12);
+    # ``config_from_files`` and the CLI set it, ``Config()`` alone reads no file.
+    agents: Mapping[str, Agent] = field(default_factory=dict)
+    agent_files: bool = False
 
     def __post_init__(self) -> None:
         self.home = Path(self.home).expanduser()

@@ -66,6 +66,30 @@ class Budget(_Strict):
 _TOOL_ENTRY = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$"
 
 
+# --- custom agents (issue 15, item 4; harness/agent_files.py reads them) -------------------
+
+
+class AgentFields(_Strict):
+    """An agent file's front matter (the body is its prompt); every field optional, so a
+    file or table may change one field of an agent defined below it."""
+
+    description: str | None = None
+    mode: Literal["primary", "subagent", "all"] | None = None
+    model: str | None = Field(default=None, min_length=1)
+    steps: int | None = Field(default=None, ge=1)
+    permission: dict[str, Action | dict[str, Action]] | None = None
+    tools: dict[str, bool] | None = None
+
+
+class AgentSpec(AgentFields):
+    """``[agents.NAME]``: the fields of a file, and the prompt its body would hold."""
+
+    prompt: str | None = None
+
+
+# ---------------------------------------------------------------------------------------
+
+
 class ConfigFile(_Strict):
     model: str | None = None
     agent: str | None = None
@@ -79,6 +103,7 @@ class ConfigFile(_Strict):
     # MCP servers (DESIGN §12, docs/mcp.md)
     mcp: dict[str, McpServerSpec] = {}
     mcp_search_threshold: int | None = Field(default=None, ge=0)
+    agents: dict[str, AgentSpec] = {}
 
 
 DEFAULTS: dict[str, Any] = {"model": DEFAULT_MODEL, "agent": "build", "sandbox": "workspace-write"}
@@ -120,21 +145,29 @@ def global_path(environ: Mapping[str, str] | None = None) -> tuple[Path, bool]:
     return Path(base) / "harness" / "config.toml", False
 
 
-def project_path(directory: Path) -> Path | None:
-    """The nearest ``.harness/config.toml`` from ``directory`` up to the repository root;
-    outside a repository, the one in ``directory`` only."""
+def project_chain(directory: Path) -> list[Path]:
+    """The folders a project file may sit in, nearest first: ``directory`` up to the
+    repository root (the first holding ``.git``); outside a repository, ``directory``."""
     try:
         start = directory.expanduser().resolve()
         chain = [start, *start.parents]
         root = next((d for d in chain if (d / ".git").exists()), None)
-        candidates = [start] if root is None else chain[: chain.index(root) + 1]
-        for candidate in candidates:
+    except (OSError, ValueError):
+        # An unusable directory (too long a name, a NUL byte): the session's creation
+        # says so in its own words; there is no file to read in it.
+        return []
+    return [start] if root is None else chain[: chain.index(root) + 1]
+
+
+def project_path(directory: Path) -> Path | None:
+    """The nearest ``.harness/config.toml`` from ``directory`` up to the repository root;
+    outside a repository, the one in ``directory`` only."""
+    try:
+        for candidate in project_chain(directory):
             path = candidate / ".harness" / "config.toml"
             if path.is_file():
                 return path
     except (OSError, ValueError):
-        # An unusable directory (too long a name, a NUL byte): the session's creation
-        # says so in its own words; there is no file to read in it.
         return None
     return None
 
@@ -184,17 +217,28 @@ def read_file(path: Path) -> ConfigFile:
     return parsed
 
 
-def file_rules(parsed: ConfigFile) -> list[Rule]:
-    """``[permission]`` as rules, in file order (OpenCode's shape)."""
+def file_rules(parsed: ConfigFile, source: Path | str | None = None) -> list[Rule]:
+    """``[permission]`` as rules, in file order (OpenCode's shape), each naming ``source``
+    (the file) so the ledger's decision record says where a rule came from."""
+    return permission_rules(parsed.permission, None if source is None else str(source))
+
+
+def permission_rules(
+    table: Mapping[str, Action | Mapping[str, Action]], source: str | None
+) -> list[Rule]:
+    """A ``permission`` table (a config file's or an agent's) as rules, in table order."""
     from harness.permissions.ruleset import permission_for_tool
 
     rules: list[Rule] = []
-    for permission, value in parsed.permission.items():
+    for permission, value in table.items():
         name = permission_for_tool(permission)
         if isinstance(value, str):
-            rules.append(Rule(permission=name, pattern="*", action=value))
+            rules.append(Rule(permission=name, pattern="*", action=value, source=source))
         else:
-            rules += [Rule(permission=name, pattern=p, action=a) for p, a in value.items()]
+            rules += [
+                Rule(permission=name, pattern=p, action=a, source=source)
+                for p, a in value.items()
+            ]
     return rules
 
 
@@ -257,7 +301,7 @@ def load_settings(
             _merge(settings.values.setdefault("permission", {}), parsed.permission)
             rules_keys = _leaves(parsed.permission, "permission.")
             settings.sources.update(dict.fromkeys(rules_keys, source))
-        settings.rules += file_rules(parsed)
+        settings.rules += file_rules(parsed, source)
         settings.providers.update(parsed.providers)
         settings.mcp.update(parsed.mcp)
     for variable, key in ENV_KEYS.items():
@@ -357,6 +401,9 @@ def config_from_files(
     ``ConfigError``) naming the file and key. ``project=False``: the global file only."""
     settings = load_settings(Path(directory), project=project)
     values: dict[str, object] = config_overrides(settings)
+    # The global agent files when the harness starts, a session's project ones when it is
+    # created (harness/agent_files.py).
+    values["agent_files"] = True
     rules = cast("Sequence[Rule]", overrides.pop("rules", None) or ())
     values.update({key: value for key, value in overrides.items() if value is not None})
     values["rules"] = [*settings.rules, *rules]

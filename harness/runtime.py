@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import structlog
 import trio
 
-from harness import snapshots
+from harness import frontmatter, snapshots
 from harness.actors.event_feed import EventFeed, overflow_event, subscription
 from harness.actors.new_session import new_session, record_session
 from harness.actors.permission import Permission
@@ -37,7 +37,8 @@ from harness.actors.question import Question
 from harness.actors.recovery import reap_mcp_servers
 from harness.actors.services import SessionServices
 from harness.actors.supervisor import Supervisor
-from harness.agents import get_agent
+from harness.agent_files import AgentBook
+from harness.agents import primary_agent
 from harness.config import Config, SocketPathError, default_home
 from harness.logs import configure_logging
 from harness.messages import ids
@@ -114,9 +115,13 @@ class Harness:
         question: Question,
         sandbox: Sandbox | None = None,
         mcp: McpHub | None = None,
+        *,
+        agents: AgentBook | None = None,
     ) -> None:
         self.config = config
         self._mcp = mcp
+        # The agents a session may use, read for its directory when it is created.
+        self.agents = agents or AgentBook(config.agents, files=config.agent_files)
         self.sandbox = sandbox or Sandbox()  # what tools' subprocesses run under
         self.ledger = ledger
         self._feed = feed
@@ -137,7 +142,12 @@ class Harness:
         permission: Sequence[Rule] = (),
         parent_id: str | None = None,
         base_url: str | None = None,
+        default_model: str | None = None,
     ) -> Session:
+        """A new session in ``directory``. Its model: ``model`` if given, else its agent's,
+        else ``default_model`` (a project file's, through the daemon), else the config's.
+        Raises ``UnknownAgentError`` for an agent that is unknown or only a subagent, and
+        ``ConfigFileError`` for a project agent file that cannot be read."""
         path = Path(directory).expanduser()
         try:
             is_dir = path.is_dir()
@@ -146,8 +156,9 @@ class Harness:
         if not is_dir:
             raise HarnessError(f"directory does not exist: {path}")
         agent_name = agent or self.config.agent
-        get_agent(agent_name)  # raises UnknownAgentError with the list of agents
-        model_name = model or self.config.model
+        catalog = self.agents.load(path)  # the project's agent files, read now
+        chosen = primary_agent(agent_name, catalog)  # UnknownAgentError lists the choices
+        model_name = model or chosen.model or default_model or self.config.model
         split_model(model_name)  # raises on an unknown provider
         # A file argument is made absolute now: a daemon's working directory is not the
         # client's.
@@ -161,6 +172,7 @@ class Harness:
             base_url=base_url,
             permission=permission,
         )
+        self.agents.bind(session.id, catalog)
         await record_session(self.ledger, self._feed, session)
         log.info("session created", session_id=session.id, model=model_name)
         return session
@@ -185,7 +197,8 @@ class Harness:
         session = self.session(session_id)
         # Bad values are refused first, busy or not: the request is wrong either way.
         if agent is not None:
-            get_agent(agent)  # raises UnknownAgentError with the list of agents
+            # The session's own catalog: UnknownAgentError lists the primary agents.
+            primary_agent(agent, self.agents.of(session))
         if model is not None:
             split_model(model)  # raises on an unknown provider
         busy = session.status in ("busy", "retry")
@@ -638,6 +651,8 @@ async def _open_harness(config: Config) -> AsyncIterator[Harness]:
             search_threshold=config.mcp_search_threshold,
             reserved=frozenset(tools),
         )
+    # Agent and skill front matter parsed once per file version, across processes too.
+    frontmatter.use_store(config.home / "cache" / "front-matter.json")
     services = SessionServices(
         config=config,
         ledger=ledger,
@@ -650,6 +665,7 @@ async def _open_harness(config: Config) -> AsyncIterator[Harness]:
         tool_rules=tool_rules,
         limiters=ProviderLimiters(config.provider_limits),
         mcp=hub,
+        agents=AgentBook(config.agents, files=config.agent_files),
     )
     supervisor = Supervisor(services)
     # Before any session runs: MCP servers a dead harness left behind (an indexed read of
@@ -684,7 +700,15 @@ async def _open_harness(config: Config) -> AsyncIterator[Harness]:
                         await inner.start(hub.run)
                     await inner.start(supervisor.run)
                     harness = Harness(
-                        config, ledger, feed.mailbox, permission, supervisor, question, sandbox, hub
+                        config,
+                        ledger,
+                        feed.mailbox,
+                        permission,
+                        supervisor,
+                        question,
+                        sandbox,
+                        hub,
+                        agents=services.agents,
                     )
                     try:
                         yield harness

@@ -219,6 +219,7 @@ async def _mcp(h: Harness, request: Request) -> Response:
 async def _create_session(h: Harness, request: Request) -> Response:
     body: CreateSessionBody = request.json(CreateSessionBody)
     model, agent, rules = body.model, body.agent, body.rules()
+    default_model: str | None = None
     try:
         # The project file of the session's directory, read now: a changed file applies
         # to the next session. Its rules come before the request's (which win).
@@ -235,9 +236,9 @@ async def _create_session(h: Harness, request: Request) -> Response:
                 f"{path}: {', '.join(local)}: applied by embedded runs only "
                 "(harness run --embedded), or move them to the daemon's global file",
             )
-        model = model or parsed.model
+        default_model = parsed.model  # after the agent's own model
         agent = agent or parsed.agent
-        rules = [*file_rules(parsed), *rules]
+        rules = [*file_rules(parsed, path), *rules]
     try:
         session = await h.create_session(
             body.directory or ".",
@@ -246,7 +247,10 @@ async def _create_session(h: Harness, request: Request) -> Response:
             title=body.title,
             permission=rules,
             base_url=body.base_url,
+            default_model=default_model,
         )
+    except ConfigError as error:  # a project agent file that cannot be read
+        raise ApiError(422, "invalid_config", str(error)) from None
     except (HarnessError, UnknownAgentError, ProviderError) as error:
         raise ApiError(422, "invalid_session", str(error)) from None
     return Response(201, session.model_dump(mode="json"))

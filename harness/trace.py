@@ -116,6 +116,8 @@ def _tool_node(part: ToolPart, decisions: list[dict[str, Any]]) -> dict[str, Any
                 "allowed": d["allowed"],
                 "source": d["source"],
                 "reply": d.get("reply"),
+                # The configuration file the deciding rule was written in (DESIGN §11).
+                **({"file": d["rule"]["source"]} if (d.get("rule") or {}).get("source") else {}),
             }
             for d in decisions
         ],

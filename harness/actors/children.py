@@ -19,11 +19,13 @@ import trio
 from harness.actors.event_feed import subscription
 from harness.actors.new_session import join_tree, new_session, record_session
 from harness.actors.services import Lineage, SessionServices
-from harness.agents import get_agent
+from harness.agents import subagents
 from harness.context.budget import Budget
 from harness.messages import ids
 from harness.messages.events import NewEvent, wait_turn_finished
 from harness.messages.model import InboxItem, Session, SubtaskPart
+from harness.providers import resolve_model, split_model
+from harness.providers.errors import ProviderError
 from harness.tools.base import SubtaskResult, ToolFailure
 
 log = structlog.get_logger("harness.children")
@@ -81,17 +83,26 @@ class ChildSessions:
                 raise ToolFailure(f"{session_id} is not a subtask session of this session")
         else:
             name = agent or "general"
-            try:
-                get_agent(name)
-            except ValueError as error:
-                raise ToolFailure(str(error)) from error
+            catalog = self._services.agents.of(self._parent)
+            chosen = catalog.get(name)
+            if chosen is None:
+                offered = ", ".join(a.name for a in subagents(catalog)) or "(none)"
+                raise ToolFailure(f"unknown agent {name[:100]!r}; available agents: {offered}")
+            model = self._parent.model
+            if chosen.model:  # the agent's own model, checked as a session's would be
+                try:
+                    split_model(chosen.model)
+                except ProviderError as error:
+                    raise ToolFailure(f"agent {name}: {error}") from None
+                model = resolve_model(chosen.model)
             child = new_session(
                 parent_id=self._parent.id,
                 title=description[:50],
                 directory=self._parent.directory,
                 agent=name,
-                model=self._parent.model,
+                model=model,
             )
+            self._services.agents.bind(child.id, catalog)
         async with self._limiter:
             return await self._run(
                 child, call_id, message_id, description, prompt, session_id is None

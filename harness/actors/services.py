@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from harness.agents import get_agent
+from harness.agent_files import AgentBook
 from harness.config import Config
 from harness.context.budget import Budget
 from harness.messages.mailbox import FeedMessage, PermissionMessage, QuestionMessage
@@ -48,6 +48,9 @@ class SessionServices:
     limiters: ProviderLimiters = field(default_factory=ProviderLimiters)
     mcp: McpHub | None = None  # the MCP servers (DESIGN §12); None when none is configured
 
+    # The agents each session may use (built-in, global, its project's).
+    agents: AgentBook = field(default_factory=lambda: AgentBook({}, files=False))
+
     def limiter_for(self, model: str, base_url: str | None) -> ProviderLimiter | None:
         """The shared limiter of the server a session's model talks to; None for what
         talks to no server (a script, a cassette)."""
@@ -58,7 +61,7 @@ class SessionServices:
 
     def rules_of(self, session: Session) -> tuple[Rule, ...]:
         """A session's own merged ruleset: defaults < agent < config < session."""
-        agent = get_agent(session.agent)
+        agent = self.agents.agent_of(session)
         mcp = self.mcp.default_rules(agent.name) if self.mcp is not None else ()
         rules = (DEFAULT_RULES, self.tool_rules, agent.rules, mcp, self.config.rules)
         return tuple(merge(*rules, session.permission))

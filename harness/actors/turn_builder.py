@@ -9,10 +9,11 @@ change to the Runner's or the ToolExecutor's arguments is made in one spot.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Container, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import structlog
 import trio
 
 from harness.actors.children import ChildActorFactory, ChildSessions
@@ -21,17 +22,25 @@ from harness.actors.runner import ContextPolicy, Runner
 from harness.actors.services import Lineage, SessionServices
 from harness.actors.todos import SessionTodos
 from harness.actors.tool_executor import ToolExecutor
-from harness.agents import get_agent
+from harness.agents import subagents
 from harness.context.budget import Budget
 from harness.context.limits import limits_for
 from harness.context.system import SystemBlock, assemble_system
 from harness.history import History
+from harness.messages.events import NewEvent
 from harness.messages.model import Rule, Session, Tokens
 from harness.permissions.ruleset import disabled_tools
 from harness.providers import split_model
 from harness.providers.base import Provider
 from harness.providers.retry import RetryNotice, RetryPolicy
+from harness.skills import Skill, discover
 from harness.tools.base import Tool
+from harness.tools.skill import skill_description
+from harness.tools.task import task_description
+
+log = structlog.get_logger("harness.turns")
+# (session, file, reason) already reported by a skill.invalid event in this process.
+_REPORTED: set[tuple[str, str, str]] = set()
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +50,7 @@ class Turn:
     message_id: str  # the user message the turn answers
     system: tuple[SystemBlock, ...]  # once per turn: git status and AGENTS.md hold still
     budget: Budget | None  # None: unlimited
+    skills: tuple[Skill, ...] = ()  # found when the turn starts (harness/skills.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,12 +81,30 @@ class TurnBuilder:
             own = Budget(config.budget_tokens, config.budget_cost, config.budget_time)
             budget = own if own.limited else None
         system = await assemble_system(
-            get_agent(session.agent).prompt, Path(session.directory), config.home
+            self.services.agents.agent_of(session).prompt, Path(session.directory), config.home
         )
         if self.services.mcp is not None:
             # Lazily, by the first turn that may use them; shared by the harness's sessions.
             await self.services.mcp.prepare(session.id, Path(session.directory))
-        return Turn(message_id, tuple(system), budget)
+        skills = await self._skills(session) if "skill" in self.services.tools else ()
+        return Turn(message_id, tuple(system), budget, skills)
+
+    async def _skills(self, session: Session) -> tuple[Skill, ...]:
+        """The session's skills; each SKILL.md skipped is an event and a log line, once
+        per session and file version in this process."""
+        skills, problems = await trio.to_thread.run_sync(discover, Path(session.directory))
+        events = []
+        for problem in problems:
+            key = (session.id, problem.file, problem.reason)
+            if key in _REPORTED:
+                continue
+            _REPORTED.add(key)
+            log.warning("skill skipped", file=problem.file, reason=problem.reason)
+            data = {"file": problem.file, "reason": problem.reason}
+            events.append(NewEvent("skill.invalid", session.id, data))
+        if events:
+            self.services.ledger.post(events)
+        return tuple(skills)
 
     def build(
         self, turn: Turn, session: Session, provider: Provider
@@ -88,18 +116,29 @@ class TurnBuilder:
         own = services.rules_of(session)
         layers: Sequence[Sequence[Rule]] = (own, *self.lineage.ceilings)
         hidden = set().union(*(disabled_tools(services.tools, rules) for rules in layers))
-        tools: Mapping[str, Tool[Any]] = {
-            name: tool for name, tool in services.tools.items() if name not in hidden
-        }
+        catalog = services.agents.of(session)
+        agent = services.agents.agent_of(session)
+        hidden |= agent.disabled_tools(services.tools)  # the agent's ``tools`` map
+        builtin = {name: tool for name, tool in services.tools.items() if name not in hidden}
+        if not turn.skills:
+            builtin.pop("skill", None)  # nothing to load: the tool would only cost tokens
+        tools: Mapping[str, Tool[Any]] = builtin
         disabled: Container[str] = frozenset(hidden)
         specs = [services.tool_specs[name] for name in tools]
+        if "task" in tools:
+            # The subagents this session's catalog offers, by name and description.
+            described = task_description(subagents(catalog))
+            specs = [replace(s, description=described) if s.name == "task" else s for s in specs]
+        if "skill" in tools:
+            listed = skill_description(turn.skills)
+            specs = [replace(s, description=listed) if s.name == "skill" else s for s in specs]
         source = None
         if services.mcp is not None:
             from harness.actors.turn_tools import TurnTools  # with the SDK: only when needed
 
             live = TurnTools(
-                services.tools,
-                services.tool_specs,
+                tools,  # the built-in ones this agent and these rules leave
+                {spec.name: spec for spec in specs},
                 lambda: services.rules_of(session),
                 self.lineage.ceilings,
                 services.mcp,
@@ -138,7 +177,7 @@ class TurnBuilder:
             system_sources=[block.source for block in turn.system],
             tool_specs=specs,
             tool_source=source,
-            max_steps=turn_steps or config.max_steps or get_agent(session.agent).steps,
+            max_steps=turn_steps or config.max_steps or agent.steps,
             ledger_history=History(ledger, session.id),
             ledger_post=ledger.post,
             ledger_flush=ledger.flush,

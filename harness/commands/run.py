@@ -124,10 +124,23 @@ def _start(args: argparse.Namespace) -> int:
     if not directory.is_dir():
         raise UsageError(f"--dir {args.dir}: no such directory")
     interactive = sys.stdin.isatty() and args.prompt != ["-"]
-    from harness import config_overrides, daemon_cannot_apply, load_settings, read_project
+    from harness import (
+        config_overrides,
+        daemon_cannot_apply,
+        default_home,
+        global_catalog,
+        load_settings,
+        project_catalog,
+        read_project,
+        use_front_matter_store,
+    )
 
     # Defaults < global file < project file < HARNESS_* < flags (DESIGN §11).
     settings = load_settings(directory)
+    # Agent files are checked now, whichever process runs the session: a bad one is one
+    # line and exit 1 before anything starts.
+    use_front_matter_store(default_home() / "cache" / "front-matter.json")
+    project_catalog(global_catalog(), directory)
     # The daemon reads a session's project file itself, except what is its own (a
     # project's providers, budget, sandbox): with those, this run stays embedded.
     project = read_project(directory)
@@ -158,6 +171,7 @@ def _start(args: argparse.Namespace) -> int:
         "sandbox": args.sandbox,
     }
     values.update({key: value for key, value in flags.items() if value is not None})
+    values["agent_files"] = True
     config = Config.from_env(
         # --max-steps is the turn's (sent with the prompt), as through the daemon: not a
         # harness-wide limit that would also cut subtasks and other sessions' resumed turns.
@@ -248,8 +262,13 @@ async def _run_embedded(
                             session.id, add_rules=config.rules, base_url=args.base_url
                         )
                 else:
+                    # A model named by a flag or HARNESS_MODEL wins over the agent's; the
+                    # files' model (config.model) is the fallback after it.
                     session = await h.create_session(
-                        directory, model=config.model, agent=config.agent, base_url=config.base_url
+                        directory,
+                        model=_model_for_daemon(args),
+                        agent=config.agent,
+                        base_url=config.base_url,
                     )
             except SessionBusy as error:  # not a usage error: the same command works later
                 return error_line(str(error))

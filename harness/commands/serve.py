@@ -39,6 +39,7 @@ def _serve(args: argparse.Namespace) -> int:
         SocketPathError,
         config_from_files,
         configure_logging,
+        global_catalog,
         serve,
         usable_socket_path,
     )
@@ -49,6 +50,7 @@ def _serve(args: argparse.Namespace) -> int:
     config = config_from_files(
         Path.cwd(), project=False, durability=args.durability, sandbox=args.sandbox
     )
+    global_catalog()  # the global agent files, checked before the daemon starts
     log_file = Path(args.log_file).expanduser() if args.log_file else None
     configure_logging(level=config.log_level, format=config.log_format, file=log_file)
     log = structlog.get_logger("harness.serve")

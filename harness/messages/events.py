@@ -62,6 +62,7 @@ LoggedType = Literal[
     "mcp.failed",
     "mcp.exited",
     "mcp.warning",
+    "skill.invalid",  # a SKILL.md a turn skipped: {file, reason}
 ]
 
 # ephemeral: published live, never stored

@@ -25,6 +25,9 @@ class Rule(_Model):
     permission: str
     pattern: str = "*"
     action: PermissionAction
+    # Where the rule was written: a configuration file's absolute path, so the ledger's
+    # decision record names the file (DESIGN §11). Left out of the JSON when unset.
+    source: str | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class Tokens(_Model):

@@ -35,6 +35,8 @@ DEFAULT_RULES: tuple[Rule, ...] = (
             "todowrite",
             "task",
             "question",
+            # Loading a skill reads its instructions; what it ships is run through bash.
+            "skill",
         )
     ),
     # Secrets live in .env files; the example file is meant to be read.

@@ -17,6 +17,7 @@ from harness.tools.list import ListTool
 from harness.tools.python_tool import PythonTool, ToolDefinitionError, as_tool
 from harness.tools.question import QuestionTool
 from harness.tools.read import ReadTool
+from harness.tools.skill import SkillTool
 from harness.tools.task import TaskTool
 from harness.tools.todo import TodoReadTool, TodoWriteTool
 from harness.tools.webfetch import WebFetchTool
@@ -38,6 +39,7 @@ def builtin_tools() -> dict[str, Tool[Any]]:
         TodoWriteTool(),
         TodoReadTool(),
         QuestionTool(),
+        SkillTool(),  # offered only to sessions that have skills (actors/turn_builder.py)
     ]
     return {tool.name: tool for tool in tools}
 

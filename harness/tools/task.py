@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import ClassVar
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import Field
 
@@ -15,6 +15,9 @@ from harness.tools.base import (
     ToolOutput,
     ToolParams,
 )
+
+if TYPE_CHECKING:
+    from harness.agents import Agent
 
 
 class TaskParams(ToolParams):
@@ -73,3 +76,14 @@ class TaskTool(Tool[TaskParams]):
             title=f"task {args.description}",
             metadata=metadata,
         )
+
+
+def task_description(agents: Iterable[Agent]) -> str:
+    """The task tool's description with the subagents a session can run, name and purpose
+    (DESIGN §12), so the model picks one by what it is for."""
+    lines = [f"- {agent.name}: {agent.description or '(no description)'}" for agent in agents]
+    if not lines:
+        return TaskTool.description
+    return TaskTool.description + "\n\nAvailable agents (the agent argument):\n" + "\n".join(
+        lines
+    )
