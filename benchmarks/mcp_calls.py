@@ -2,8 +2,8 @@
 
 Run from the repository root::
 
-    python benchmarks/mcp.py                  # 200 calls each way, 5 rounds
-    python benchmarks/mcp.py --calls 50 --rounds 1 --base 1c57de0
+    python benchmarks/mcp_calls.py                  # 200 calls each way, 5 rounds
+    python benchmarks/mcp_calls.py --calls 50 --rounds 1 --base 1c57de0
 
 1. *Per call*: the same stdio server (tests/mcp_servers.py ``basic``, its ``echo`` tool),
    called 200 times in a row
@@ -34,14 +34,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-# This file is called mcp.py, and Python puts its folder first on the path: without this,
-# ``import mcp`` would find the script instead of the SDK.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
-
-import trio  # noqa: E402
+import trio
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results" / "mcp.json"
+RESULTS = ROOT / "benchmarks" / "results" / "mcp_calls.json"
 SERVER = [sys.executable, str(ROOT / "tests" / "mcp_servers.py"), "basic"]
 
 
