@@ -36,11 +36,11 @@ from harness.config_files import (
     ConfigFileError,
     global_path,
     permission_rules,
-    project_chain,
     project_path,
     read_file,
 )
 from harness.messages.model import Session
+from harness.project import project_chain
 
 AGENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from harness.config import DEFAULT_MODEL, Config, ConfigError
 from harness.mcp.spec import SERVER_NAME, McpServerSpec
 from harness.messages.model import Rule
+from harness.project import project_chain
 
 Action = Literal["allow", "ask", "deny"]
 
@@ -143,20 +144,6 @@ def global_path(environ: Mapping[str, str] | None = None) -> tuple[Path, bool]:
         return Path(env["HARNESS_CONFIG"]).expanduser(), True
     base = env.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(base) / "harness" / "config.toml", False
-
-
-def project_chain(directory: Path) -> list[Path]:
-    """The folders a project file may sit in, nearest first: ``directory`` up to the
-    repository root (the first holding ``.git``); outside a repository, ``directory``."""
-    try:
-        start = directory.expanduser().resolve()
-        chain = [start, *start.parents]
-        root = next((d for d in chain if (d / ".git").exists()), None)
-    except (OSError, ValueError):
-        # An unusable directory (too long a name, a NUL byte): the session's creation
-        # says so in its own words; there is no file to read in it.
-        return []
-    return [start] if root is None else chain[: chain.index(root) + 1]
 
 
 def project_path(directory: Path) -> Path | None:

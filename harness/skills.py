@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from harness import frontmatter
-from harness.config_files import project_chain
+from harness.project import project_chain
 
 SKILL_FOLDERS = (".harness/skills", ".agents/skills", ".claude/skills")
 SKILL_FILE = "SKILL.md"
