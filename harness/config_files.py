@@ -65,11 +65,14 @@ class ConfigFile(_Strict):
     budget: Budget | None = None
     providers: dict[str, ProviderSpec] = {}
     permission: dict[str, Action | dict[str, Action]] = {}
+    # The shared PostgreSQL ledger (DESIGN §14, docs/postgresql.md): a URL, no password.
+    ledger: str | None = None
+    lease_seconds: float | None = Field(default=None, gt=0, le=3600)
 
 
 DEFAULTS: dict[str, Any] = {"model": DEFAULT_MODEL, "agent": "build", "sandbox": "workspace-write"}
 # Environment variables that set a file key (the others configure the process, §9).
-ENV_KEYS = {"HARNESS_MODEL": "model", "HARNESS_SANDBOX": "sandbox"}
+ENV_KEYS = {"HARNESS_MODEL": "model", "HARNESS_SANDBOX": "sandbox", "HARNESS_LEDGER": "ledger"}
 BUILTIN_PROVIDERS = ("mistral", "openai", "scripted", "replay")
 
 
@@ -190,8 +193,10 @@ def read_project(directory: Path) -> tuple[Path, ConfigFile] | None:
 
 def daemon_cannot_apply(parsed: ConfigFile) -> list[str]:
     """Keys of a project file the daemon cannot honour per session: its providers, budget
-    and sandbox are the daemon's own (from the global file, read at start)."""
-    return [key for key in ("providers", "budget", "sandbox") if getattr(parsed, key)]
+    and sandbox are the daemon's own (from the global file, read at start), and so is its
+    ledger."""
+    keys = ("providers", "budget", "sandbox", "ledger", "lease_seconds")
+    return [key for key in keys if getattr(parsed, key)]
 
 
 def load_settings(
@@ -268,6 +273,8 @@ def config_overrides(settings: Settings) -> dict[str, Any]:
         "providers": provider_kinds(settings.providers),
         "model_limits": limits,
         "secret_env": [s.api_key_env for s in settings.providers.values() if s.api_key_env],
+        "ledger": values.get("ledger"),
+        "lease_seconds": values.get("lease_seconds"),
     }
 
 

@@ -44,6 +44,7 @@ from harness.messages.mailbox import (
     AnswerQuestion,
     CancelSession,
     FeedMessage,
+    LeaseLost,
     ListPending,
     ListQuestions,
     RegisterChild,
@@ -59,8 +60,9 @@ from harness.private import prepare_home
 from harness.providers import resolve_model, split_model
 from harness.providers.table import named_providers
 from harness.secrets import refresh_secrets
-from harness.storage.ledger import Ledger
+from harness.storage.backend import open_ledger
 from harness.storage.lock import LockHolder, hold_ledger
+from harness.storage.port import ClusterHooks, LedgerPort
 from harness.tools.registry import builtin_tools, tool_specs
 from harness.tools.sandbox import Sandbox
 
@@ -100,7 +102,7 @@ class Harness:
     def __init__(
         self,
         config: Config,
-        ledger: Ledger,
+        ledger: LedgerPort,
         feed: trio.MemorySendChannel[FeedMessage],
         permission: Permission,
         supervisor: Supervisor,
@@ -542,7 +544,9 @@ async def open_harness(
             format=config.log_format,
             file=config.log_file or config.home / "logs" / "harness.jsonl",
         )
-    with hold_ledger(config.ledger_path, holder), named_providers(config.providers):
+    # A shared ledger has no lock file: its daemons share sessions through leases.
+    lock = contextlib.nullcontext() if config.ledger else hold_ledger(config.ledger_path, holder)
+    with lock, named_providers(config.providers):
         async with _open_harness(config) as harness:
             yield harness
 
@@ -559,7 +563,7 @@ def _own_paths(config: Config) -> list[Path]:
 
 @asynccontextmanager
 async def _open_harness(config: Config) -> AsyncIterator[Harness]:
-    ledger = Ledger(config.ledger_path, durability=config.durability)
+    ledger = open_ledger(config)
     feed = EventFeed()
     permission = Permission(ledger, interactive=config.interactive, yes=config.yes)
     question = Question(ledger, interactive=config.interactive)
@@ -588,6 +592,11 @@ async def _open_harness(config: Config) -> AsyncIterator[Harness]:
         sandbox=sandbox,
     )
     supervisor = Supervisor(services)
+    if ledger.cluster:
+        ledger.hooks = ClusterHooks(
+            wake=lambda session_id: supervisor.mailbox.send_nowait(WakeSession(session_id)),
+            lost=lambda session_id: supervisor.mailbox.send_nowait(LeaseLost(session_id)),
+        )
 
     # The writer and the feed are shielded: when a caller's scope cancels the whole block
     # (a daemon's SIGTERM), the sessions' shielded cleanup writes must still find them.

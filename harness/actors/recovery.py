@@ -17,7 +17,7 @@ import structlog
 from harness.history import RESTARTED
 from harness.messages.events import NewEvent, TurnResult
 from harness.messages.model import SessionStatus, ToolError, ToolPending
-from harness.storage.ledger import Ledger, LedgerError
+from harness.storage.port import LedgerError, LedgerPort
 from harness.tools.process import kill_orphans
 
 log = structlog.get_logger("harness.session")
@@ -27,7 +27,7 @@ log = structlog.get_logger("harness.session")
 MAX_RESUMES = 10
 
 
-def kill_orphaned_processes(ledger: Ledger, session_id: str) -> int:
+def kill_orphaned_processes(ledger: LedgerPort, session_id: str) -> int:
     """Kill what the tool calls of a crashed harness left running (their process groups).
 
     A running call whose tool reported a process group has its identity in the ledger;
@@ -45,7 +45,7 @@ def kill_orphaned_processes(ledger: Ledger, session_id: str) -> int:
 
 
 def close_open_work(
-    ledger: Ledger,
+    ledger: LedgerPort,
     session_id: str,
     reason: str,
     *,
@@ -87,7 +87,7 @@ def close_open_work(
 
 
 def end_turn(
-    ledger: Ledger, session_id: str, message_id: str, *, closed_as: str, error: str
+    ledger: LedgerPort, session_id: str, message_id: str, *, closed_as: str, error: str
 ) -> list[NewEvent]:
     """Events that close a turn's open work as ``closed_as`` and finish it with ``error``."""
     result = TurnResult(message_id, "error", "", error)
@@ -98,7 +98,7 @@ def end_turn(
 
 
 def abandon_turn(
-    ledger: Ledger,
+    ledger: LedgerPort,
     session_id: str,
     message_id: str,
     reason: str = RESTARTED,
@@ -125,7 +125,7 @@ def abandon_turn(
 
 
 def resume_events(
-    ledger: Ledger, session_id: str, message_id: str, resumes: int, rerun: frozenset[str]
+    ledger: LedgerPort, session_id: str, message_id: str, resumes: int, rerun: frozenset[str]
 ) -> list[NewEvent]:
     """Events that let an interrupted turn carry on: its open work closed, its resume counted.
 

@@ -53,6 +53,8 @@ LoggedType = Literal[
     "question.replied",
     "question.rejected",
     "sandbox.unavailable",  # a turn's commands run unsandboxed: {requested, reason, notice}
+    # A shared ledger's session changed hands (DESIGN §14): {session_id, owner, epoch, from}
+    "session.leased",
 ]
 
 # ephemeral: published live, never stored

@@ -54,6 +54,9 @@ class WriteEvents:
     reply: trio.MemorySendChannel[list[Event] | Exception] | None = None
     # File contents the events name, (sha256 hex, bytes): stored in the same transaction.
     blobs: Sequence[tuple[str, bytes]] = ()
+    # The lease the writing session actor holds, (session_id, epoch): a shared ledger
+    # refuses the write once another daemon has taken the session (DESIGN §14).
+    fence: tuple[str, int] | None = None
 
 
 # --- event feed ----------------------------------------------------------------------------
@@ -245,4 +248,11 @@ class CancelSession:
     reply: trio.MemorySendChannel[bool]
 
 
-SupervisorMessage = WakeSession | CancelSession
+@dataclass(slots=True, frozen=True)
+class LeaseLost:
+    """Another daemon took the session (a shared ledger, DESIGN §14): stop running it."""
+
+    session_id: str
+
+
+SupervisorMessage = WakeSession | CancelSession | LeaseLost
