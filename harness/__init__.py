@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from harness.secrets import RedactingStream, has_secrets, redact
     from harness.server import DaemonRunning, serve
     from harness.snapshots import RevertConflict, RevertResult, SessionBusy, SnapshotError
+    from harness.storage.backend import open_ledger
     from harness.storage.ledger import LedgerError
     from harness.trace import render_trace
 
@@ -87,6 +88,7 @@ __all__ = [
     "new_message_id",
     "no_terminal_hint",
     "open_harness",
+    "open_ledger",
     "open_private",
     "open_reader",
     "parse_rule_flag",
@@ -128,6 +130,7 @@ _WHERE = {
     "NoLedgerError": ("harness.reader", "NoLedgerError"),
     "Reader": ("harness.reader", "Reader"),
     "open_reader": ("harness.reader", "open_reader"),
+    "open_ledger": ("harness.storage.backend", "open_ledger"),
     "LedgerError": ("harness.storage.ledger", "LedgerError"),
     "RevertConflict": ("harness.snapshots", "RevertConflict"),
     "RevertResult": ("harness.snapshots", "RevertResult"),

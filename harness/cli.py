@@ -33,6 +33,7 @@ from harness.commands import (
     deny,
     diff,
     events,
+    ledger,
     revert,
     run,
     serve,
@@ -53,7 +54,8 @@ __all__ = ["EXIT_CANCELLED", "EXIT_ERROR", "EXIT_OK", "EXIT_USAGE", "UsageError"
 
 # In the order ``harness --help`` lists them.
 COMMANDS = (
-    run, serve, config, sessions, show, trace, diff, revert, events, cancel, approve, deny, answer
+    run, serve, config, sessions, show, trace, diff, revert, events, cancel, approve, deny, answer,
+    ledger,
 )
 
 

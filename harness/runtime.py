@@ -594,7 +594,9 @@ async def _open_harness(config: Config) -> AsyncIterator[Harness]:
     supervisor = Supervisor(services)
     if ledger.cluster:
         ledger.hooks = ClusterHooks(
-            wake=lambda session_id: supervisor.mailbox.send_nowait(WakeSession(session_id)),
+            wake=lambda session_id: supervisor.mailbox.send_nowait(
+                WakeSession(session_id, remote=True)
+            ),
             lost=lambda session_id: supervisor.mailbox.send_nowait(LeaseLost(session_id)),
         )
 

@@ -240,6 +240,9 @@ SessionMessage = Wake | CancelTurn
 @dataclass(slots=True, frozen=True)
 class WakeSession:
     session_id: str
+    # Heard from a shared ledger (another daemon's input, a lapsed lease), not from this
+    # daemon's API: a child session is then never started here (its parent's call runs it).
+    remote: bool = False
 
 
 @dataclass(slots=True, frozen=True)

@@ -84,6 +84,7 @@ class Ledger(LedgerPort):
         they then work on a read-only file or filesystem and can never change the file."""
         super().__init__(post_delay=post_delay, read_only=read_only)
         self.path = path
+        self.location = str(path)
         self.durability = durability
         try:
             if read_only:

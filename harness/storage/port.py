@@ -85,6 +85,7 @@ class LedgerPort(ABC):
 
     # Whether other daemons share this ledger (leases, fences and the feed matter).
     cluster: bool = False
+    location = ""  # where it is, for messages: a file, or a database without its password
     # SQL that is true when an assistant message's JSON ``data`` has no ``completed``.
     _COMPLETED_IS_NULL = "json_extract(data, '$.completed') IS NULL"
 

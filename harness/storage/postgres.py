@@ -140,7 +140,7 @@ class PostgresLedger(LedgerPort):
     ) -> None:
         super().__init__(post_delay=post_delay, read_only=read_only)
         self.dsn = check_dsn(dsn)
-        self.where = describe_dsn(dsn)
+        self.where = self.location = describe_dsn(dsn)
         self.lease_seconds = lease_seconds
         # Who this daemon is in the leases table: unique per process start.
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
