@@ -28,6 +28,7 @@ import contextlib
 import os
 import secrets
 import socket
+import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
@@ -145,6 +146,9 @@ class PostgresLedger(LedgerPort):
         # Who this daemon is in the leases table: unique per process start.
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._held: dict[str, int] = {}  # session_id -> epoch, the leases this daemon holds
+        # Claims, releases and renewals share one connection from several worker threads:
+        # one transaction at a time on it.
+        self._control_lock = threading.Lock()
         self._read = self._connect()
         try:
             self.schema = str(self._read.execute("SELECT current_schema()").fetchone()[0])  # type: ignore[index]
@@ -240,14 +244,15 @@ class PostgresLedger(LedgerPort):
         """Run ``work`` on connection ``name``, re-made once if the server dropped it."""
         import psycopg
 
-        conn: psycopg.Connection[tuple[Any, ...]] = getattr(self, name)
-        try:
-            return work(conn)
-        except psycopg.OperationalError:
-            if not conn.closed and not conn.broken:
-                raise
-        setattr(self, name, self._connect())
-        return work(getattr(self, name))
+        with self._control_lock if name == "_control" else contextlib.nullcontext():
+            conn: psycopg.Connection[tuple[Any, ...]] = getattr(self, name)
+            try:
+                return work(conn)
+            except psycopg.OperationalError:
+                if not conn.closed and not conn.broken:
+                    raise
+            setattr(self, name, self._connect())
+            return work(getattr(self, name))
 
     # --- reading ---------------------------------------------------------------------------
 
