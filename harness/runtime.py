@@ -361,9 +361,17 @@ class Harness:
     # --- permissions ------------------------------------------------------------------------
 
     async def pending_permissions(self, session_id: str | None = None) -> list[PermissionRequest]:
-        return await ask(
+        """Asks waiting for an answer: this process's, and on a shared ledger every
+        daemon's (any of them may answer, DESIGN §14)."""
+        local: list[PermissionRequest] = await ask(
             self._permission.mailbox, lambda reply: ListPending(session_id, reply)
         )
+        if self.ledger.cluster:
+            known = {request.id for request in local}
+            for data in self.ledger.open_asks(session_id):
+                if data.get("id") not in known:
+                    local.append(PermissionRequest.model_validate(data))
+        return local
 
     async def reply_permission(
         self,
@@ -378,10 +386,21 @@ class Harness:
         ``no_terminal`` (with ``reject``) says nobody could be asked: the call fails with
         the same words, naming the flag that would allow it, as in a run with no terminal.
         """
-        return await ask(
+        answered: bool = await ask(
             self._permission.mailbox,
             lambda done: ReplyPermission(request_id, reply, message, done, no_terminal),
         )
+        if answered or not self.ledger.cluster:
+            return answered
+        # Asked by another daemon: the reply goes through the ledger, which that daemon
+        # follows; it records the decision when the reply reaches its ask.
+        asked = next((a for a in self.ledger.open_asks() if a.get("id") == request_id), None)
+        if asked is None:
+            return False
+        data = {"id": request_id, "reply": reply, "message": message, "remote": True}
+        session_id = str(asked["session_id"])
+        await self.ledger.write([NewEvent("permission.replied", session_id, data)])
+        return True
 
     # --- questions --------------------------------------------------------------------------
 
@@ -561,6 +580,23 @@ def _own_paths(config: Config) -> list[Path]:
     return paths
 
 
+def _forward_reply(permission: Permission, data: dict[str, object]) -> None:
+    """A reply given through another daemon reaches the ask, if it is pending here."""
+    done = trio.open_memory_channel[bool](1)[0]
+    reply = str(data.get("reply"))
+    if reply in ("once", "always", "reject"):
+        message = data.get("message")
+        permission.mailbox.send_nowait(
+            ReplyPermission(
+                str(data.get("id")),
+                reply,  # type: ignore[arg-type]
+                message if isinstance(message, str) else None,
+                done,
+                remote=True,
+            )
+        )
+
+
 @asynccontextmanager
 async def _open_harness(config: Config) -> AsyncIterator[Harness]:
     ledger = open_ledger(config)
@@ -598,6 +634,7 @@ async def _open_harness(config: Config) -> AsyncIterator[Harness]:
                 WakeSession(session_id, remote=True)
             ),
             lost=lambda session_id: supervisor.mailbox.send_nowait(LeaseLost(session_id)),
+            replied=lambda data: _forward_reply(permission, data),
         )
 
     # The writer and the feed are shielded: when a caller's scope cancels the whole block

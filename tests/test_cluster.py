@@ -306,3 +306,48 @@ def test_fifty_sessions_over_three_daemons_are_all_answered(
         assert [(f["message_id"], f["answer"]) for f in finished] == [(message_id, "answered")]
     ran_on = cluster.query("SELECT DISTINCT owner FROM leases WHERE epoch > 0")
     assert len(ran_on) >= 2, "the work should spread over the daemons"
+
+
+def test_an_ask_raised_on_the_holder_is_listed_and_answered_through_another_daemon(
+    cluster: Cluster, tmp_path: Path, project: Path
+) -> None:
+    first, second = cluster.start(2)
+    done = tmp_path / "done"
+    model = script(
+        tmp_path / "s.json",
+        [
+            {"tool_calls": [{"name": "bash", "arguments": {"command": f"echo ok >> {done}"}}]},
+            {"text": "ran it"},
+        ],
+    )
+    sid = first.client.create_session(directory=str(project), model=model)["id"]
+    first.client.prompt(sid, "run it")
+    asks: list[dict[str, Any]] = []
+
+    def listed_everywhere() -> bool:
+        asks[:] = second.client.permissions(sid)
+        return bool(asks) and first.client.permissions(sid) == asks
+
+    wait_for("the ask to be listed on both daemons", listed_everywhere)
+    holder = cluster.holder_pid(sid)
+    answering = second if holder == first.process.pid else first
+    answered: set[str] = set()
+
+    def answer_each() -> bool:
+        # bash, then external_directory (the file is outside the project): each answered
+        # through the daemon that does not run the session.
+        for pending in answering.client.permissions(sid):
+            if pending["id"] not in answered:
+                answered.add(pending["id"])
+                answering.client.reply_permission(pending["id"], "once")
+        return len(cluster.finished(sid)) == 1
+
+    wait_for("the turn to finish", answer_each)
+    assert cluster.finished(sid)[0]["answer"] == "ran it"
+    assert lines(done) == 1
+    assert first.client.permissions(sid) == [] and second.client.permissions(sid) == []
+    decided = cluster.query(
+        "SELECT data FROM events WHERE type = 'permission.decided' AND session_id = %s", sid
+    )
+    sources = [json.loads(row[0])["source"] for row in decided]
+    assert sources == ["reply"] * len(answered) and len(answered) >= 1

@@ -133,12 +133,9 @@ class Permission:
         if pending is None:
             return False
         request = pending.request
-        events = [
-            NewEvent(
-                "permission.replied",
-                request.session_id,
-                {"id": request.id, "reply": message.reply, "message": message.message},
-            )
+        replied = {"id": request.id, "reply": message.reply, "message": message.message}
+        events = [] if message.remote else [
+            NewEvent("permission.replied", request.session_id, replied)
         ]
         if message.reply == "always":
             project = pending.ask.project

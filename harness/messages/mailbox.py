@@ -121,6 +121,9 @@ class ReplyPermission:
     message: str | None
     done: trio.MemorySendChannel[bool]  # False when no such request is pending
     no_terminal: bool = False  # rejected because nobody could be asked
+    # Given through another daemon of a shared ledger, whose permission.replied event is
+    # in the ledger already (DESIGN §14): only the decision is left to record.
+    remote: bool = False
 
 
 @dataclass(slots=True, frozen=True)

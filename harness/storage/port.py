@@ -78,6 +78,8 @@ class ClusterHooks:
 
     wake: Callable[[str], None]
     lost: Callable[[str], None]
+    # A permission.replied event written through another daemon: its data.
+    replied: Callable[[dict[str, Any]], None] = lambda data: None
 
 
 class LedgerPort(ABC):
@@ -142,6 +144,11 @@ class LedgerPort(ABC):
     def holds(self, session_id: str) -> bool:
         """Whether this process holds the session's lease (always, for one process)."""
         return True
+
+    def open_asks(self, session_id: str | None = None) -> list[dict[str, Any]]:
+        """Permission asks pending on any daemon of a shared ledger (none for one process,
+        whose asks its Permission actor lists): ``permission.asked`` data."""
+        return []
 
     # --- writing ---------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ actor, the same reads and projections. What differs, and why:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import socket
@@ -490,6 +491,8 @@ class PostgresLedger(LedgerPort):
             for event in events:
                 if event.type == "inbox.added":
                     self.hooks.wake(event.session_id)
+                elif event.type == "permission.replied" and event.data.get("remote"):
+                    self.hooks.replied(event.data)
 
     async def _listen(self) -> None:
         """LISTEN on the channel; every notification wakes the tail. No thread: the
@@ -530,6 +533,20 @@ class PostgresLedger(LedgerPort):
     def _wake_tail(self) -> None:
         with contextlib.suppress(trio.WouldBlock):  # the tail has wake-ups queued already
             self._tail_send.send_nowait(None)
+
+    def open_asks(self, session_id: str | None = None) -> list[dict[str, Any]]:
+        """Asks of turns in flight, neither replied to nor decided (on whichever daemon)."""
+        rows = self._rows(
+            "SELECT a.data FROM events a JOIN turns t ON t.session_id = a.session_id"
+            " WHERE a.type = 'permission.asked' AND a.ts >= t.started"
+            " AND (CAST(? AS TEXT) IS NULL OR a.session_id = ?)"
+            " AND NOT EXISTS (SELECT 1 FROM events r WHERE r.session_id = a.session_id"
+            " AND r.seq > a.seq AND r.type IN ('permission.replied', 'permission.decided')"
+            " AND coalesce(r.data::json ->> 'id', r.data::json ->> 'request_id')"
+            " = a.data::json ->> 'id') ORDER BY a.seq",
+            (session_id, session_id),
+        )
+        return [json.loads(row[0]) for row in rows]
 
     # --- leases (DESIGN §14) -----------------------------------------------------------------
 
