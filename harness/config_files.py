@@ -215,6 +215,12 @@ def load_settings(
         files.append(found)
     for file in files:
         parsed = read_file(file)
+        if file is found and (parsed.ledger is not None or parsed.lease_seconds is not None):
+            # A cloned repository must not point the user's ledger, transcripts and all,
+            # at a database of its choosing.
+            raise ConfigFileError(
+                f"{file}: ledger: only the global config file may name the ledger"
+            )
         data = parsed.model_dump(exclude_none=True, exclude_defaults=True)
         data.pop("permission", None)
         _merge(settings.values, data)

@@ -187,3 +187,22 @@ def test_a_url_with_a_password_is_refused_and_never_echoed() -> None:
         assert "s3cret" not in str(refused.value)
     with pytest.raises(ConfigError, match="postgresql:// URL"):
         Config(ledger="/some/file.db")
+
+
+async def test_a_dropped_connection_is_made_again_and_nothing_is_lost(
+    postgres_schema: str,
+) -> None:
+    async with daemon(postgres_schema) as ledger:
+        await ledger.write([_created("ses_a")])
+        # The server drops every connection of this ledger (a restart, a failover).
+        with psycopg.connect(postgres_schema, autocommit=True) as conn:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = 'harness' AND pid <> pg_backend_pid()"
+            )
+        await ledger.write([_titled("ses_a", "after the drop")])
+        ledger.post([_titled("ses_a", "posted after the drop")])
+        await ledger.flush()
+        assert ledger.session("ses_a").title == "posted after the drop"  # type: ignore[union-attr]
+        assert await ledger.claim("ses_a") == 1
+        assert [e.seq for e in ledger.events_after(0)] == [1, 2, 3]
