@@ -519,8 +519,11 @@ class PostgresLedger(LedgerPort):
                     await trio.lowlevel.wait_readable(conn.fileno())
                     pgconn.consume_input()
                     woken = False
-                    while pgconn.notifies() is not None:
-                        woken = True
+                    ours = self._write.pgconn.backend_pid
+                    while (notify := pgconn.notifies()) is not None:
+                        # A commit of this daemon's writer reaches the tail as it is: no
+                        # need to read it back from the log.
+                        woken = woken or notify.be_pid != ours
                     if woken:
                         self._wake_tail()
                     if pgconn.status != 0:  # CONNECTION_OK
