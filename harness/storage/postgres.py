@@ -54,6 +54,7 @@ T = TypeVar("T")
 
 RECONNECT_SECONDS = 120.0  # how long a commit waits for the database to come back
 _POLL_SECONDS = 1.0  # the tail reads the log this often even without a NOTIFY
+ORPHAN_SCAN_SECONDS = 0.5  # how often a daemon looks for work whose holder stopped renewing
 _PG_SQL: dict[str, str] = {}
 _END = "end"  # what tells the tail that the writer has ended
 
@@ -650,10 +651,17 @@ class PostgresLedger(LedgerPort):
         """Renew this daemon's leases; report those lost; wake sessions whose holder lapsed."""
         import psycopg
 
-        interval = max(self.lease_seconds / 3, 0.05)
+        renew_every = max(self.lease_seconds / 3, 0.05)
+        # Orphans are looked for more often than leases are renewed: a dead holder's
+        # sessions then wait at most the lease plus this, not the lease plus a renewal.
+        scan_every = min(renew_every, ORPHAN_SCAN_SECONDS)
+        renewed = trio.current_time()
         while True:
-            await trio.sleep(interval)
-            held = list(self._held.items())
+            await trio.sleep(scan_every)
+            renew = trio.current_time() - renewed >= renew_every - scan_every / 2
+            held = list(self._held.items()) if renew else []
+            if renew:
+                renewed = trio.current_time()
             try:
                 kept, orphans = await trio.to_thread.run_sync(self._renew_sync, held)
             except (psycopg.Error, LedgerError) as error:
