@@ -634,6 +634,9 @@ async def _open_harness(config: Config) -> AsyncIterator[Harness]:
                 WakeSession(session_id, remote=True)
             ),
             lost=lambda session_id: supervisor.mailbox.send_nowait(LeaseLost(session_id)),
+            orphan=lambda session_id: supervisor.mailbox.send_nowait(
+                WakeSession(session_id, remote=True, orphan=True)
+            ),
             replied=lambda data: _forward_reply(permission, data),
         )
 

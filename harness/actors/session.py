@@ -167,7 +167,10 @@ class SessionActor:
             return True
         if self.lease is not None and self._ledger.holds(self.session_id):
             return True
-        epoch = await self._ledger.claim(self.session_id)
+        # Claimed for this daemon already (an orphan taken over in a batch), or claim now.
+        epoch = self._ledger.held_epoch(self.session_id)
+        if epoch is None:
+            epoch = await self._ledger.claim(self.session_id)
         if epoch is None:
             log.debug("session held by another daemon")
             return False

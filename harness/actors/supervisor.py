@@ -36,6 +36,8 @@ class Supervisor:
         self._services = services
         self.mailbox, self._receive = trio.open_memory_channel[SupervisorMessage](math.inf)
         self._actors: dict[str, SessionActor] = {}
+        # Sessions the shared ledger claimed for this daemon because their holder lapsed.
+        self._orphans: set[str] = set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -57,6 +59,8 @@ class Supervisor:
             async with self._receive:
                 async for message in self._receive:
                     if isinstance(message, WakeSession):
+                        if message.orphan:
+                            self._orphans.add(message.session_id)
                         if message.remote and not await self._remote_wake(message.session_id):
                             continue
                         self._actor(nursery, message.session_id).mailbox.send_nowait(Wake())
@@ -80,6 +84,9 @@ class Supervisor:
         be running on another daemon: it is ended only under the child's own lease.
         """
         ledger = self._services.ledger
+        if ledger.cluster and ledger.holds(session_id) and session_id not in self._orphans:
+            return  # this daemon runs the child, inside its parent's call
+        self._orphans.discard(session_id)
         epoch = await ledger.claim(session_id)
         if epoch is None:
             return
@@ -98,8 +105,10 @@ class Supervisor:
         ledger = self._services.ledger
         session = ledger.session(session_id)
         if session is None:
+            await ledger.release(session_id)  # claimed as an orphan: nothing to run
             return False
         if session.parent_id is None:
+            self._orphans.discard(session_id)
             return True
         if session_id not in self._actors:
             for _, message_id, _ in ledger.claimed_turns(session_id):

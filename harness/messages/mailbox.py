@@ -246,6 +246,8 @@ class WakeSession:
     # Heard from a shared ledger (another daemon's input, a lapsed lease), not from this
     # daemon's API: a child session is then never started here (its parent's call runs it).
     remote: bool = False
+    # Claimed for this daemon by the shared ledger: its lease-holder stopped renewing.
+    orphan: bool = False
 
 
 @dataclass(slots=True, frozen=True)

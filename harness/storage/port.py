@@ -78,6 +78,8 @@ class ClusterHooks:
 
     wake: Callable[[str], None]
     lost: Callable[[str], None]
+    # A session claimed for this daemon because its holder stopped renewing: run it.
+    orphan: Callable[[str], None] = lambda session_id: None
     # A permission.replied event written through another daemon: its data.
     replied: Callable[[dict[str, Any]], None] = lambda data: None
 
@@ -144,6 +146,10 @@ class LedgerPort(ABC):
     def holds(self, session_id: str) -> bool:
         """Whether this process holds the session's lease (always, for one process)."""
         return True
+
+    def held_epoch(self, session_id: str) -> int | None:
+        """The epoch of this process's lease on the session, if it holds one."""
+        return 0
 
     def open_asks(self, session_id: str | None = None) -> list[dict[str, Any]]:
         """Permission asks pending on any daemon of a shared ledger (none for one process,

@@ -54,6 +54,7 @@ T = TypeVar("T")
 
 RECONNECT_SECONDS = 120.0  # how long a commit waits for the database to come back
 _POLL_SECONDS = 1.0  # the tail reads the log this often even without a NOTIFY
+TAKEOVER_BATCH = 256  # sessions one scan claims at most: the rest go to the next daemon's
 ORPHAN_SCAN_SECONDS = 0.5  # how often a daemon looks for work whose holder stopped renewing
 _PG_SQL: dict[str, str] = {}
 _END = "end"  # what tells the tail that the writer has ended
@@ -557,6 +558,9 @@ class PostgresLedger(LedgerPort):
     def holds(self, session_id: str) -> bool:
         return session_id in self._held
 
+    def held_epoch(self, session_id: str) -> int | None:
+        return self._held.get(session_id)
+
     async def claim(self, session_id: str) -> int | None:
         """Lease the session to this daemon; its epoch, or None while another holds it.
 
@@ -673,10 +677,61 @@ class PostgresLedger(LedgerPort):
                     log.warning("lease lost", session_id=session_id, epoch=epoch)
                     if self.hooks is not None:
                         self.hooks.lost(session_id)
-            if self.hooks is not None:
-                for session_id in orphans:
-                    if session_id not in self._held:
-                        self.hooks.wake(session_id)
+            await self._take_over([s for s in orphans if s not in self._held])
+
+    async def _take_over(self, orphans: list[str]) -> None:
+        """Claim, in one transaction, a batch of sessions whose holder stopped renewing,
+        record each change of hands, and have them run here."""
+        if not orphans or self.hooks is None:
+            return
+        try:
+            taken = await trio.to_thread.run_sync(self._take_over_sync, orphans[:TAKEOVER_BATCH])
+        except Exception as error:
+            log.warning("taking over orphaned sessions failed", error=_first_line(error))
+            return
+        from harness.messages.events import NewEvent
+
+        for session_id, epoch, previous in taken:
+            self._held[session_id] = epoch
+            if previous and previous != self.owner:
+                data = {"session_id": session_id, "owner": self.owner, "epoch": epoch,
+                        "from": previous}  # fmt: skip
+                self.post([NewEvent("session.leased", session_id, data)], fence=(session_id, epoch))
+        if taken:
+            log.info("sessions taken over", count=len(taken))
+        for session_id, _, _ in taken:
+            self.hooks.orphan(session_id)
+
+    def _take_over_sync(self, orphans: list[str]) -> list[tuple[str, int, str]]:
+        def work(conn: psycopg.Connection[tuple[Any, ...]]) -> list[tuple[str, int, str]]:
+            with conn.transaction():
+                conn.execute(
+                    "INSERT INTO leases(session_id, owner, epoch, expires)"
+                    " SELECT unnest(%s::text[]), '', 0, 0 ON CONFLICT DO NOTHING",
+                    (orphans,),
+                )
+                rows = conn.execute(
+                    "SELECT session_id, owner, epoch FROM leases WHERE session_id = ANY(%s)"
+                    " AND expires < extract(epoch FROM clock_timestamp())"
+                    " FOR UPDATE SKIP LOCKED",
+                    (orphans,),
+                ).fetchall()
+                taken = [
+                    (str(s), int(e) if o == self.owner else int(e) + 1, str(o))
+                    for s, o, e in rows
+                ]
+                if taken:
+                    conn.execute(
+                        "UPDATE leases l SET owner = %s, epoch = h.ep,"
+                        " expires = extract(epoch FROM clock_timestamp()) + %s"
+                        " FROM unnest(%s::text[], %s::bigint[]) AS h(sid, ep)"
+                        " WHERE l.session_id = h.sid",
+                        (self.owner, self.lease_seconds, [t[0] for t in taken],
+                         [t[1] for t in taken]),
+                    )  # fmt: skip
+                return taken
+
+        return self._retrying("_control", work)
 
     def _renew_sync(self, held: Sequence[tuple[str, int]]) -> tuple[set[str], list[str]]:
         def work(conn: psycopg.Connection[tuple[Any, ...]]) -> tuple[set[str], list[str]]:
