@@ -414,7 +414,8 @@ class PostgresLedger(LedgerPort):
         self, events: list[Event], feed: trio.MemorySendChannel[FeedMessage] | None
     ) -> None:
         # In seq order with the other daemons' events: the tail publishes.
-        await self._tail_send.send(events)
+        with contextlib.suppress(trio.BrokenResourceError):  # it ended: shutting down
+            await self._tail_send.send(events)
 
     # --- the feed across daemons -------------------------------------------------------------
 
@@ -436,7 +437,8 @@ class PostgresLedger(LedgerPort):
             finally:
                 with trio.CancelScope(shield=True):
                     await self._release_all()
-                    await self._tail_send.send(_END)  # the tail publishes what is left, ends
+                    with contextlib.suppress(trio.BrokenResourceError):
+                        await self._tail_send.send(_END)  # the tail publishes the rest, ends
                     await self._tail_done.wait()
                 nursery.cancel_scope.cancel()
 
@@ -536,7 +538,8 @@ class PostgresLedger(LedgerPort):
                 conn.close()
 
     def _wake_tail(self) -> None:
-        with contextlib.suppress(trio.WouldBlock):  # the tail has wake-ups queued already
+        # WouldBlock: the tail has wake-ups queued already; Broken: it ended (shutdown).
+        with contextlib.suppress(trio.WouldBlock, trio.BrokenResourceError):
             self._tail_send.send_nowait(None)
 
     def open_asks(self, session_id: str | None = None) -> list[dict[str, Any]]:
