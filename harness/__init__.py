@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from harness.secrets import RedactingStream, has_secrets, redact
     from harness.server import DaemonRunning, serve
     from harness.snapshots import RevertConflict, RevertResult, SessionBusy, SnapshotError
+    from harness.storage.backend import open_ledger
     from harness.storage.ledger import LedgerError
     from harness.tools.base import ToolContext
     from harness.tools.python_tool import ToolDefinitionError, tool
@@ -97,6 +98,7 @@ __all__ = [
     "new_message_id",
     "no_terminal_hint",
     "open_harness",
+    "open_ledger",
     "open_private",
     "open_reader",
     "parse_rule_flag",
@@ -146,6 +148,7 @@ _WHERE = {
     "NoLedgerError": ("harness.reader", "NoLedgerError"),
     "Reader": ("harness.reader", "Reader"),
     "open_reader": ("harness.reader", "open_reader"),
+    "open_ledger": ("harness.storage.backend", "open_ledger"),
     "LedgerError": ("harness.storage.ledger", "LedgerError"),
     "RevertConflict": ("harness.snapshots", "RevertConflict"),
     "RevertResult": ("harness.snapshots", "RevertResult"),

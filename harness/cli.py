@@ -36,6 +36,7 @@ from harness.commands import (
     deny,
     diff,
     events,
+    ledger,
     mcp,
     revert,
     run,
@@ -58,7 +59,7 @@ __all__ = ["EXIT_CANCELLED", "EXIT_ERROR", "EXIT_OK", "EXIT_USAGE", "UsageError"
 # In the order ``harness --help`` lists them.
 COMMANDS = (
     chat, run, serve, config, sessions, show, trace, diff, revert, events, cancel, approve, deny,
-    answer, mcp, acp,
+    answer, mcp, acp, ledger,
 )
 
 

@@ -102,6 +102,11 @@ class Config:
     # ``config_from_files`` and the CLI set it, ``Config()`` alone reads no file.
     agents: Mapping[str, Agent] = field(default_factory=dict)
     agent_files: bool = False
+    # The shared ledger (DESIGN §14): a ``postgresql://`` URL that every daemon naming it
+    # shares; None: the SQLite file under ``home``. ``lease_seconds``: how long a daemon's
+    # claim on a session lasts without renewal (then another daemon takes it over).
+    ledger: str | None = None
+    lease_seconds: float = 10.0
 
     def __post_init__(self) -> None:
         self.home = Path(self.home).expanduser()
@@ -115,6 +120,10 @@ class Config:
         self.secret_env = (names,) if isinstance(names, str) else tuple(names)
         if self.record is not None:
             self.record = Path(self.record).expanduser()
+        if self.ledger is not None:
+            self.ledger = check_ledger_url(str(self.ledger))
+        if not 0 < self.lease_seconds <= 3600:
+            raise ConfigError(f"lease_seconds={self.lease_seconds}: expected 0 < seconds <= 3600")
 
     @classmethod
     def from_env(cls, **overrides: object) -> Config:
@@ -142,6 +151,8 @@ class Config:
                 values["sandbox"] = parse_sandbox_mode(env["HARNESS_SANDBOX"], "HARNESS_SANDBOX")
             except ValueError as error:
                 raise ConfigError(str(error)) from None
+        if env.get("HARNESS_LEDGER"):
+            values["ledger"] = env["HARNESS_LEDGER"]
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
 
@@ -158,6 +169,33 @@ class Config:
         """Where the daemon listens; may raise ``SocketPathError`` (see ``usable_socket_path``)."""
         explicit = os.environ.get("HARNESS_SOCKET")
         return usable_socket_path(Path(explicit) if explicit else self.home / "harness.sock")
+
+
+def check_ledger_url(url: str) -> str:
+    """A ledger URL as given, if usable: PostgreSQL, and without a password.
+
+    A password in a URL would sit in shell histories, process lists and logs, so it is
+    refused (not stripped): libpq reads it from PGPASSWORD, PGPASSFILE or ~/.pgpass.
+    """
+    from urllib.parse import parse_qs, urlsplit
+
+    url = url.strip()
+    if not url.startswith(("postgresql://", "postgres://")):
+        raise ConfigError(
+            f"ledger {url[:80]!r}: expected a postgresql:// URL (without one, the ledger is "
+            "the SQLite file $HARNESS_HOME/ledger.db)"
+        )
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError as error:
+        raise ConfigError(f"ledger URL: {error}") from None
+    if password or "password" in parse_qs(parts.query):
+        raise ConfigError(
+            "the ledger URL holds a password: remove it and give it to libpq through "
+            "PGPASSWORD, PGPASSFILE or ~/.pgpass"
+        )
+    return url
 
 
 MAX_SOCKET_PATH = 107  # bytes: sun_path holds 108, the last one a NUL

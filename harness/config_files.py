@@ -105,11 +105,14 @@ class ConfigFile(_Strict):
     mcp: dict[str, McpServerSpec] = {}
     mcp_search_threshold: int | None = Field(default=None, ge=0)
     agents: dict[str, AgentSpec] = {}
+    # The shared PostgreSQL ledger (DESIGN §14, docs/postgresql.md): a URL, no password.
+    ledger: str | None = None
+    lease_seconds: float | None = Field(default=None, gt=0, le=3600)
 
 
 DEFAULTS: dict[str, Any] = {"model": DEFAULT_MODEL, "agent": "build", "sandbox": "workspace-write"}
 # Environment variables that set a file key (the others configure the process, §9).
-ENV_KEYS = {"HARNESS_MODEL": "model", "HARNESS_SANDBOX": "sandbox"}
+ENV_KEYS = {"HARNESS_MODEL": "model", "HARNESS_SANDBOX": "sandbox", "HARNESS_LEDGER": "ledger"}
 BUILTIN_PROVIDERS = ("mistral", "openai", "scripted", "replay")
 # Built-in providers a file may give limits to (``[providers.openai]``), and those keys.
 LIMITED_BUILTINS = ("mistral", "openai")
@@ -257,9 +260,12 @@ def read_project(directory: Path) -> tuple[Path, ConfigFile] | None:
 def daemon_cannot_apply(parsed: ConfigFile) -> list[str]:
     """Keys of a project file the daemon cannot honour per session: its providers, budget
     and sandbox are the daemon's own (from the global file, read at start), and so are its
-    MCP servers, shared by all its sessions; Python tools are imported into the daemon's
-    process once, from its global file."""
-    keys = ("providers", "budget", "sandbox", "mcp", "mcp_search_threshold", "tools")
+    MCP servers, shared by all its sessions, and its ledger; Python tools are imported into
+    the daemon's process once, from its global file."""
+    keys = (
+        "providers", "budget", "sandbox", "mcp", "mcp_search_threshold", "tools", "ledger",
+        "lease_seconds",
+    )
     return [key for key in keys if getattr(parsed, key) not in (None, {}, [])]
 
 
@@ -279,6 +285,12 @@ def load_settings(
         files.append(found)
     for file in files:
         parsed = read_file(file)
+        if file is found and (parsed.ledger is not None or parsed.lease_seconds is not None):
+            # A cloned repository must not point the user's ledger, transcripts and all,
+            # at a database of its choosing.
+            raise ConfigFileError(
+                f"{file}: ledger: only the global config file may name the ledger"
+            )
         data = parsed.model_dump(exclude_none=True, exclude_defaults=True)
         data.pop("permission", None)
         _merge(settings.values, data)
@@ -376,6 +388,8 @@ def config_overrides(settings: Settings) -> dict[str, Any]:
         "tools": load_tools(settings),
         "mcp_servers": dict(settings.mcp),
         "mcp_search_threshold": values.get("mcp_search_threshold"),
+        "ledger": values.get("ledger"),
+        "lease_seconds": values.get("lease_seconds"),
     }
 
 

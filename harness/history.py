@@ -24,7 +24,7 @@ from harness.messages.model import (
     UserMessage,
 )
 from harness.messages.provider import AssistantTurn, ChatMessage, ToolCall, ToolResult, UserTurn
-from harness.storage.ledger import Ledger
+from harness.storage.port import LedgerPort
 
 INTERRUPTED = "the tool call was interrupted before it finished"
 # What a restart writes on the work it closes. A step whose stream a restart cut off ran
@@ -103,7 +103,7 @@ def _assistant_view(parts: list[Part]) -> tuple[ChatMessage, ...]:
 
 
 class History:
-    def __init__(self, ledger: Ledger, session_id: str) -> None:
+    def __init__(self, ledger: LedgerPort, session_id: str) -> None:
         self._ledger = ledger
         self.session_id = session_id
         self._entries: dict[str, _Entry] = {}

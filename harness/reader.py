@@ -13,7 +13,8 @@ from typing import Any
 from harness.config import Config
 from harness.messages.model import MessageWithParts, Session
 from harness.messages.todo import Todo
-from harness.storage.ledger import Ledger
+from harness.storage.backend import open_ledger
+from harness.storage.port import LedgerPort
 
 
 class NoLedgerError(LookupError):
@@ -26,7 +27,7 @@ class NoLedgerError(LookupError):
 class Reader:
     """Read-only queries over one ledger. Open it with ``open_reader``."""
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: LedgerPort) -> None:
         self._ledger = ledger
 
     def sessions(self) -> list[Session]:
@@ -66,6 +67,6 @@ def open_reader(config: Config | None = None) -> Reader:
     file cannot be read (a storage failure, not a usage error).
     """
     config = config or Config.from_env()
-    if not config.ledger_path.exists():
+    if not config.ledger and not config.ledger_path.exists():
         raise NoLedgerError(f"no ledger at {config.ledger_path} (set HARNESS_HOME?)")
-    return Reader(Ledger(config.ledger_path, durability=config.durability, read_only=True))
+    return Reader(open_ledger(config, read_only=True))

@@ -47,6 +47,7 @@ from harness.messages.mailbox import (
     AnswerQuestion,
     CancelSession,
     FeedMessage,
+    LeaseLost,
     ListPending,
     ListQuestions,
     RegisterChild,
@@ -63,8 +64,9 @@ from harness.providers import resolve_model, split_model
 from harness.providers.limiter import ProviderLimiters
 from harness.providers.table import named_providers
 from harness.secrets import refresh_secrets
-from harness.storage.ledger import Ledger
+from harness.storage.backend import open_ledger
 from harness.storage.lock import LockHolder, hold_ledger
+from harness.storage.port import ClusterHooks, LedgerPort
 from harness.tools.registry import builtin_tools, tool_specs, tool_table
 from harness.tools.sandbox import Sandbox
 
@@ -108,7 +110,7 @@ class Harness:
     def __init__(
         self,
         config: Config,
-        ledger: Ledger,
+        ledger: LedgerPort,
         feed: trio.MemorySendChannel[FeedMessage],
         permission: Permission,
         supervisor: Supervisor,
@@ -420,9 +422,17 @@ class Harness:
     # --- permissions ------------------------------------------------------------------------
 
     async def pending_permissions(self, session_id: str | None = None) -> list[PermissionRequest]:
-        return await ask(
+        """Asks waiting for an answer: this process's, and on a shared ledger every
+        daemon's (any of them may answer, DESIGN §14)."""
+        local: list[PermissionRequest] = await ask(
             self._permission.mailbox, lambda reply: ListPending(session_id, reply)
         )
+        if self.ledger.cluster:
+            known = {request.id for request in local}
+            for data in self.ledger.open_asks(session_id):
+                if data.get("id") not in known:
+                    local.append(PermissionRequest.model_validate(data))
+        return local
 
     async def reply_permission(
         self,
@@ -437,10 +447,21 @@ class Harness:
         ``no_terminal`` (with ``reject``) says nobody could be asked: the call fails with
         the same words, naming the flag that would allow it, as in a run with no terminal.
         """
-        return await ask(
+        answered: bool = await ask(
             self._permission.mailbox,
             lambda done: ReplyPermission(request_id, reply, message, done, no_terminal),
         )
+        if answered or not self.ledger.cluster:
+            return answered
+        # Asked by another daemon: the reply goes through the ledger, which that daemon
+        # follows; it records the decision when the reply reaches its ask.
+        asked = next((a for a in self.ledger.open_asks() if a.get("id") == request_id), None)
+        if asked is None:
+            return False
+        data = {"id": request_id, "reply": reply, "message": message, "remote": True}
+        session_id = str(asked["session_id"])
+        await self.ledger.write([NewEvent("permission.replied", session_id, data)])
+        return True
 
     # --- questions --------------------------------------------------------------------------
 
@@ -603,7 +624,9 @@ async def open_harness(
             format=config.log_format,
             file=config.log_file or config.home / "logs" / "harness.jsonl",
         )
-    with hold_ledger(config.ledger_path, holder), named_providers(config.providers):
+    # A shared ledger has no lock file: its daemons share sessions through leases.
+    lock = contextlib.nullcontext() if config.ledger else hold_ledger(config.ledger_path, holder)
+    with lock, named_providers(config.providers):
         async with _open_harness(config) as harness:
             yield harness
 
@@ -618,9 +641,26 @@ def _own_paths(config: Config) -> list[Path]:
     return paths
 
 
+def _forward_reply(permission: Permission, data: dict[str, object]) -> None:
+    """A reply given through another daemon reaches the ask, if it is pending here."""
+    done = trio.open_memory_channel[bool](1)[0]
+    reply = str(data.get("reply"))
+    if reply in ("once", "always", "reject"):
+        message = data.get("message")
+        permission.mailbox.send_nowait(
+            ReplyPermission(
+                str(data.get("id")),
+                reply,  # type: ignore[arg-type]
+                message if isinstance(message, str) else None,
+                done,
+                remote=True,
+            )
+        )
+
+
 @asynccontextmanager
 async def _open_harness(config: Config) -> AsyncIterator[Harness]:
-    ledger = Ledger(config.ledger_path, durability=config.durability)
+    ledger = open_ledger(config)
     feed = EventFeed()
     permission = Permission(ledger, interactive=config.interactive, yes=config.yes)
     question = Question(ledger, interactive=config.interactive)
@@ -673,6 +713,17 @@ async def _open_harness(config: Config) -> AsyncIterator[Harness]:
     reaped = reap_mcp_servers(ledger)
     if reaped:
         ledger.post(reaped)
+    if ledger.cluster:
+        ledger.hooks = ClusterHooks(
+            wake=lambda session_id: supervisor.mailbox.send_nowait(
+                WakeSession(session_id, remote=True)
+            ),
+            lost=lambda session_id: supervisor.mailbox.send_nowait(LeaseLost(session_id)),
+            orphan=lambda session_id: supervisor.mailbox.send_nowait(
+                WakeSession(session_id, remote=True, orphan=True)
+            ),
+            replied=lambda data: _forward_reply(permission, data),
+        )
 
     # The writer and the feed are shielded: when a caller's scope cancels the whole block
     # (a daemon's SIGTERM), the sessions' shielded cleanup writes must still find them.

@@ -1083,6 +1083,7 @@ async def serve(
                 max_connections=gate.cap,
                 model=config.model,
                 durability=config.durability,
+                ledger=h.ledger.location,
             )
             task_status.started((h, path))
     finally:

@@ -36,7 +36,7 @@ from harness.messages.model import PatchFile, PatchPart
 from harness.messages.names import on_disk
 
 if TYPE_CHECKING:
-    from harness.storage.ledger import FileChangeRow, Ledger
+    from harness.storage.port import FileChangeRow, LedgerPort
 
 Blob = tuple[str, bytes]  # (sha256 hex, raw content)
 # Beyond this many lines on each side of the changed middle, counts are not worth a
@@ -214,7 +214,7 @@ class FileTarget:
     latest: FileChangeRow  # the latest change of any kind: what the session last wrote
 
 
-def _since_seq(ledger: Ledger, session_id: str, message_id: str | None) -> int:
+def _since_seq(ledger: LedgerPort, session_id: str, message_id: str | None) -> int:
     if message_id is None:
         return 0
     found = ledger.message_seq(message_id)
@@ -223,7 +223,7 @@ def _since_seq(ledger: Ledger, session_id: str, message_id: str | None) -> int:
     return found[1]
 
 
-def _targets(ledger: Ledger, session_ids: Sequence[str], since: int) -> list[FileTarget]:
+def _targets(ledger: LedgerPort, session_ids: Sequence[str], since: int) -> list[FileTarget]:
     rows = ledger.file_changes(session_ids)  # in seq order
     latest: dict[str, FileChangeRow] = {}
     first: dict[str, FileChangeRow] = {}
@@ -235,7 +235,7 @@ def _targets(ledger: Ledger, session_ids: Sequence[str], since: int) -> list[Fil
     return [FileTarget(Path(on_disk(p)), row, latest[p]) for p, row in first.items()]
 
 
-def _blob(ledger: Ledger, digest: str | None) -> bytes | None:
+def _blob(ledger: LedgerPort, digest: str | None) -> bytes | None:
     if digest is None:
         return None
     data = ledger.blob(digest)
@@ -245,7 +245,7 @@ def _blob(ledger: Ledger, digest: str | None) -> bytes | None:
 
 
 def session_diff(
-    ledger: Ledger,
+    ledger: LedgerPort,
     session_ids: Sequence[str],
     directory: Path,
     *,
@@ -317,7 +317,7 @@ def _write_atomically(path: Path, data: bytes) -> None:
 
 
 def revert_files(
-    ledger: Ledger,
+    ledger: LedgerPort,
     session_ids: Sequence[str],
     directory: Path,
     message_id: str,
@@ -389,7 +389,7 @@ class SessionBusy(SnapshotError):
     """A turn is running or queued: the workspace is still changing."""
 
 
-def session_family(ledger: Ledger, session_id: str) -> list[str]:
+def session_family(ledger: LedgerPort, session_id: str) -> list[str]:
     """The session and its child sessions (a ``task`` child edits the same workspace)."""
     family = [session_id]
     for parent in family:
@@ -398,7 +398,7 @@ def session_family(ledger: Ledger, session_id: str) -> list[str]:
 
 
 def diff_session(
-    ledger: Ledger, session_id: str, *, since_message: str | None = None
+    ledger: LedgerPort, session_id: str, *, since_message: str | None = None
 ) -> tuple[str, list[dict[str, Any]]]:
     session = ledger.session(session_id)
     if session is None:
@@ -407,7 +407,7 @@ def diff_session(
     return session_diff(ledger, family, Path(session.directory), since_message=since_message)
 
 
-async def revert_session(ledger: Ledger, session_id: str, message_id: str) -> RevertResult:
+async def revert_session(ledger: LedgerPort, session_id: str, message_id: str) -> RevertResult:
     """Revert the workspace to before ``message_id`` and record it (``session.reverted``)."""
     session = ledger.session(session_id)
     if session is None:

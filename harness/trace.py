@@ -19,10 +19,10 @@ from harness.messages.model import (
     ToolPart,
     ToolRunning,
 )
-from harness.storage.ledger import Ledger
+from harness.storage.port import LedgerPort
 
 
-def build_trace(ledger: Ledger, session_id: str) -> dict[str, Any]:
+def build_trace(ledger: LedgerPort, session_id: str) -> dict[str, Any]:
     """The tree under ``session_id`` as plain data (what ``trace --json`` prints)."""
     session = ledger.session(session_id)
     if session is None:
@@ -30,7 +30,7 @@ def build_trace(ledger: Ledger, session_id: str) -> dict[str, Any]:
     return _session_node(ledger, session)
 
 
-def _session_node(ledger: Ledger, session: Session) -> dict[str, Any]:
+def _session_node(ledger: LedgerPort, session: Session) -> dict[str, Any]:
     events = ledger.events_after(0, session_ids=[session.id], limit=1_000_000)
     decisions: dict[str, list[dict[str, Any]]] = {}
     reason = None

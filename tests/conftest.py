@@ -111,3 +111,58 @@ def tool_context(tmp_path: Path) -> ToolContextFactory:
         )
 
     return make
+
+
+# --- PostgreSQL (DESIGN §14) ------------------------------------------------------------------
+
+POSTGRES_ENV = "HARNESS_TEST_POSTGRES"
+_POSTGRES_SKIPPED: list[str] = []
+# Read at import, before the autouse fixture above removes every HARNESS_* variable.
+_SAVED_POSTGRES = os.environ.get(POSTGRES_ENV, "")
+
+
+def postgres_url() -> str:
+    """The test database's URL, from $HARNESS_TEST_POSTGRES (.ci/run starts one).
+
+    Without it the PostgreSQL-backed tests are skipped, and the run says so at its end;
+    under CI=true they fail instead: CI always runs them.
+    """
+    url = os.environ.get(POSTGRES_ENV) or _SAVED_POSTGRES
+    if url:
+        return url
+    reason = f"${POSTGRES_ENV} is not set: no PostgreSQL to test against (.ci/run starts one)"
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{reason}; under CI=true the PostgreSQL tests must run")
+    _POSTGRES_SKIPPED.append(reason)
+    pytest.skip(reason)
+
+
+def with_schema(url: str, schema: str) -> str:
+    """``url`` with its connections' search_path set to ``schema``: a test's own tables."""
+    joiner = "&" if "?" in url else "?"
+    return f"{url}{joiner}options=-csearch_path%3D{schema}"
+
+
+@pytest.fixture
+def postgres_schema() -> Iterator[str]:
+    """A fresh, empty schema in the test database, dropped afterwards: the URL naming it."""
+    import uuid
+
+    import psycopg
+
+    url = postgres_url()
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    try:
+        yield with_schema(url, schema)
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _POSTGRES_SKIPPED:
+        terminalreporter.write_line(
+            f"{len(_POSTGRES_SKIPPED)} PostgreSQL-backed tests skipped: {_POSTGRES_SKIPPED[0]}"
+        )

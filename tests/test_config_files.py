@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 from wire_server import Reply, chunk, wire_server
 
@@ -322,3 +323,29 @@ async def test_named_providers_belong_to_one_harness() -> None:
         nursery.start_soon(look, "without", False)
     assert seen == {"with": True, "without": False}
     assert kind_of("lab/m") is None and kind_of("openai/m") is not None
+
+
+def test_the_ledger_is_named_by_the_global_file_or_the_environment_never_a_project(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DESIGN §14: a shared ledger; a repository's own file cannot redirect it."""
+    from harness.config_files import ConfigFileError, config_from_files
+
+    global_file = tmp_path / "global.toml"
+    global_file.write_text('ledger = "postgresql://db.internal/harness"\nlease_seconds = 4\n')
+    monkeypatch.setenv("HARNESS_CONFIG", str(global_file))
+    project = tmp_path / "repo"
+    (project / ".harness").mkdir(parents=True)
+    config = config_from_files(project)
+    assert (config.ledger, config.lease_seconds) == ("postgresql://db.internal/harness", 4)
+    monkeypatch.setenv("HARNESS_LEDGER", "postgresql://other/h")
+    assert config_from_files(project).ledger == "postgresql://other/h"
+    assert config_from_files(project, ledger="postgresql://flag/h").ledger == "postgresql://flag/h"
+    (project / ".harness" / "config.toml").write_text('ledger = "postgresql://evil/h"\n')
+    with pytest.raises(ConfigFileError, match="only the global config file may name the ledger"):
+        config_from_files(project)
+    global_file.write_text('ledger = "postgresql://u:pw@db/h"\n')
+    (project / ".harness" / "config.toml").unlink()
+    monkeypatch.delenv("HARNESS_LEDGER")
+    with pytest.raises(ValueError, match="holds a password"):
+        config_from_files(project)

@@ -146,7 +146,7 @@ def test_the_source_is_found(edges: list[Import]) -> None:
     assert {"harness.messages.events", "harness.tools.base", "harness.cli"} <= set(
         module_names(HARNESS)
     )
-    assert "harness.storage.ledger" in {e.target for e in edges if e.source == "harness.runtime"}
+    assert "harness.storage.port" in {e.target for e in edges if e.source == "harness.runtime"}
 
 
 def test_messages_import_nothing_of_ours(edges: list[Import]) -> None:

@@ -63,7 +63,7 @@ def _script(tmp_path: Path) -> str:
 
 
 def test_help_imports_nothing_heavy(tmp_path: Path) -> None:
-    heavy = (*PROVIDER_MODULES, "trio", "pydantic", "apsw")
+    heavy = (*PROVIDER_MODULES, "trio", "pydantic", "apsw", "psycopg")
     assert _imports(tmp_path, "--help", watched=heavy) == []
 
 
@@ -74,6 +74,12 @@ def test_a_scripted_run_and_the_ledger_commands_import_no_provider_code(
     assert _imports(tmp_path, *run) == []
     assert _imports(tmp_path, "sessions") == []  # no daemon: read from the ledger
     assert _imports(tmp_path, "sessions", "--json") == []
+
+
+def test_a_sqlite_run_never_imports_psycopg(tmp_path: Path, project: Path) -> None:
+    """psycopg is for a PostgreSQL ledger only (DESIGN §14): the default never loads it."""
+    run = ["run", "--embedded", "--model", _script(tmp_path), "--dir", str(project), "hi"]
+    assert _imports(tmp_path, *run, watched=("psycopg",)) == []
 
 
 @pytest.mark.parametrize(("provider", "loads_sdk"), [("openai", False), ("mistral", True)])

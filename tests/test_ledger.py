@@ -1,9 +1,13 @@
-"""The apsw ledger: one transaction per batch, projections, migrations, clear failures."""
+"""The ledger: one transaction per batch, projections, migrations, clear failures.
+
+The tests that take ``make_ledger`` run against both backends of the ledger port: SQLite
+(apsw) and PostgreSQL (skipped, saying why, when no test database is configured).
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -15,6 +19,7 @@ from harness.messages.events import NewEvent
 from harness.messages.mailbox import FeedMessage, Publish
 from harness.messages.model import Session, TextPart, UserMessage
 from harness.storage.ledger import Ledger, LedgerError
+from harness.storage.port import LedgerPort
 from harness.storage.schema import SCHEMA_VERSION
 
 
@@ -27,11 +32,28 @@ def _created(session: Session) -> NewEvent:
     return NewEvent("session.created", session.id, session.model_dump(mode="json"))
 
 
+MakeLedger = Callable[..., LedgerPort]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def make_ledger(request: pytest.FixtureRequest, tmp_path: Path) -> MakeLedger:
+    """``make_ledger(**options)``: a new ledger of the backend under test, the same
+    storage each call (a file, or a schema of the test database)."""
+    if request.param == "postgres":
+        from harness.storage.postgres import PostgresLedger
+
+        url = request.getfixturevalue("postgres_schema")
+        return lambda **options: PostgresLedger(url, **options)
+    return lambda **options: Ledger(tmp_path / "ledger.db", **options)
+
+
 @asynccontextmanager
 async def running(
-    path: Path, feed: trio.MemorySendChannel[FeedMessage] | None = None
-) -> AsyncIterator[Ledger]:
-    ledger = Ledger(path)
+    path_or_ledger: Path | LedgerPort, feed: trio.MemorySendChannel[FeedMessage] | None = None
+) -> AsyncIterator[LedgerPort]:
+    ledger = (
+        path_or_ledger if isinstance(path_or_ledger, LedgerPort) else Ledger(path_or_ledger)
+    )
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ledger.run_writer, feed)
         try:
@@ -41,8 +63,8 @@ async def running(
     ledger.close()
 
 
-async def test_events_and_projections_commit_together(tmp_path: Path) -> None:
-    async with running(tmp_path / "ledger.db") as ledger:
+async def test_events_and_projections_commit_together(make_ledger: MakeLedger) -> None:
+    async with running(make_ledger()) as ledger:
         session = _session()
         committed = await ledger.write([_created(session)])
         assert [e.type for e in committed] == ["session.created"]
@@ -64,8 +86,8 @@ async def test_events_and_projections_commit_together(tmp_path: Path) -> None:
         assert ledger.session("ses_c") is not None
 
 
-async def test_posts_are_ordered_and_flush_waits_for_them(tmp_path: Path) -> None:
-    async with running(tmp_path / "ledger.db") as ledger:
+async def test_posts_are_ordered_and_flush_waits_for_them(make_ledger: MakeLedger) -> None:
+    async with running(make_ledger()) as ledger:
         session = _session()
         ledger.post([_created(session)])
         for index in range(50):
@@ -85,20 +107,27 @@ async def test_posts_are_ordered_and_flush_waits_for_them(tmp_path: Path) -> Non
         assert seqs == sorted(seqs) and len(seqs) == 51
 
 
-async def test_committed_events_reach_the_feed_after_commit(tmp_path: Path) -> None:
+async def test_committed_events_reach_the_feed_after_commit(make_ledger: MakeLedger) -> None:
     send, receive = trio.open_memory_channel[FeedMessage](10)
-    async with running(tmp_path / "ledger.db", send) as ledger:
+    async with running(make_ledger(), send) as ledger:
         await ledger.write([_created(_session())])
-        message = receive.receive_nowait()
+        if ledger.cluster:  # published by the tail, in seq order with other daemons'
+            with trio.fail_after(5):
+                message = await receive.receive()
+        else:
+            message = receive.receive_nowait()
         assert isinstance(message, Publish)
         assert [e.type for e in message.events] == ["session.created"]
         # Published only once committed: a fresh connection already sees it.
-        other = apsw.Connection(str(tmp_path / "ledger.db"))
-        assert other.execute("SELECT count(*) FROM sessions").fetchall()[0][0] == 1
+        other = make_ledger(read_only=True)
+        try:
+            assert [s.id for s in other.sessions()] == ["ses_a"]
+        finally:
+            other.close()
 
 
-async def test_inbox_taken_and_message_written_in_one_transaction(tmp_path: Path) -> None:
-    async with running(tmp_path / "ledger.db") as ledger:
+async def test_inbox_taken_and_message_written_in_one_transaction(make_ledger: MakeLedger) -> None:
+    async with running(make_ledger()) as ledger:
         session = _session()
         await ledger.write(
             [
@@ -134,8 +163,8 @@ async def test_inbox_taken_and_message_written_in_one_transaction(tmp_path: Path
         assert ledger.known_message("msg_1")
 
 
-async def test_changes_returns_only_rows_written_since_the_mark(tmp_path: Path) -> None:
-    async with running(tmp_path / "ledger.db") as ledger:
+async def test_changes_returns_only_rows_written_since_the_mark(make_ledger: MakeLedger) -> None:
+    async with running(make_ledger()) as ledger:
         session = _session()
         user = UserMessage(id="msg_1", session_id=session.id, agent="build", model="m", created=1)
         await ledger.write(

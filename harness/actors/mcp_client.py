@@ -45,6 +45,7 @@ from harness.messages.events import EventType, NewEvent
 from harness.messages.model import Rule
 from harness.secrets import tool_environment
 from harness.storage.ledger import Ledger
+from harness.storage.port import LedgerPort
 from harness.tools.base import Tool, ToolContext, ToolFailure, ToolOutput
 from harness.tools.mcp import (
     SEARCH_TOOL,
@@ -52,8 +53,11 @@ from harness.tools.mcp import (
     mcp_tool,
     resources_tool,
 )
+from harness.tools.process import process_identity
 
 log = structlog.get_logger("harness.mcp")
+# This harness process, as its MCP servers' records name it (recovery.reap_mcp_servers).
+OWNER = process_identity(os.getpid())
 
 State = Literal["idle", "starting", "running", "failed", "exited", "disabled"]
 MAX_PAGES = 50  # of tools/list, prompts/list: a server that pages forever is cut off
@@ -194,9 +198,10 @@ class McpClient:
                     if process is not None:
                         # Durable before the first message: a kill -9 from here on leaves a
                         # group the next harness finds (recovery.reap_mcp_servers).
-                        await self._post(
-                            "mcp.process", {"process": process.identity, "pid": process.pid}
-                        )
+                        # ``owner``: this harness, so a daemon sharing the ledger never
+                        # reaps a server whose harness still runs.
+                        record = {"process": process.identity, "pid": process.pid, "owner": OWNER}
+                        await self._post("mcp.process", record)
                     session = ClientSession(
                         read, write, message_handler=self._on_message, client_info=HARNESS_INFO
                     )
@@ -494,7 +499,7 @@ class McpHub:
         self,
         servers: Mapping[str, McpServerSpec],
         *,
-        ledger: Ledger,
+        ledger: LedgerPort,
         home: Path,
         search_threshold: int,
         environ: Mapping[str, str] | None = None,

@@ -17,7 +17,7 @@ from harness.messages import ids
 from harness.messages.events import NewEvent
 from harness.messages.mailbox import FeedMessage, RegisterChild
 from harness.messages.model import Rule, Session
-from harness.storage.ledger import Ledger
+from harness.storage.port import LedgerPort
 
 
 def new_session(
@@ -57,7 +57,7 @@ async def join_tree(feed: trio.MemorySendChannel[FeedMessage], session: Session)
 
 
 async def record_session(
-    ledger: Ledger,
+    ledger: LedgerPort,
     feed: trio.MemorySendChannel[FeedMessage],
     session: Session,
     *along: NewEvent,

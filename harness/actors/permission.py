@@ -32,7 +32,7 @@ from harness.messages.mailbox import (
 from harness.messages.model import Rule
 from harness.messages.permission import PermissionDecision, PermissionRequest
 from harness.permissions.ruleset import decide_need
-from harness.storage.ledger import Ledger
+from harness.storage.port import LedgerPort
 
 log = structlog.get_logger("harness.permission")
 
@@ -52,7 +52,7 @@ def no_terminal_hint(permission: str, always: str) -> str:
 
 
 class Permission:
-    def __init__(self, ledger: Ledger, *, interactive: bool, yes: bool = False) -> None:
+    def __init__(self, ledger: LedgerPort, *, interactive: bool, yes: bool = False) -> None:
         self._ledger = ledger
         self._interactive = interactive
         self._yes = yes
@@ -133,12 +133,9 @@ class Permission:
         if pending is None:
             return False
         request = pending.request
-        events = [
-            NewEvent(
-                "permission.replied",
-                request.session_id,
-                {"id": request.id, "reply": message.reply, "message": message.message},
-            )
+        replied = {"id": request.id, "reply": message.reply, "message": message.message}
+        events = [] if message.remote else [
+            NewEvent("permission.replied", request.session_id, replied)
         ]
         if message.reply == "always":
             project = pending.ask.project

@@ -39,7 +39,7 @@ from harness.messages.question import (
     QuestionRequest,
     check_answers,
 )
-from harness.storage.ledger import Ledger
+from harness.storage.port import LedgerPort
 
 log = structlog.get_logger("harness.question")
 
@@ -51,7 +51,7 @@ class _Pending:
 
 
 class Question:
-    def __init__(self, ledger: Ledger, *, interactive: bool) -> None:
+    def __init__(self, ledger: LedgerPort, *, interactive: bool) -> None:
         self._ledger = ledger
         self._interactive = interactive
         self.mailbox, self._receive = trio.open_memory_channel[QuestionMessage](math.inf)

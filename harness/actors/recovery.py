@@ -17,8 +17,8 @@ import structlog
 from harness.history import RESTARTED
 from harness.messages.events import NewEvent, TurnResult
 from harness.messages.model import SessionStatus, ToolError, ToolPart, ToolPending, ToolRunning
-from harness.storage.ledger import Ledger, LedgerError
-from harness.tools.process import kill_orphans
+from harness.storage.port import LedgerError, LedgerPort
+from harness.tools.process import kill_orphans, process_alive, same_machine
 
 log = structlog.get_logger("harness.session")
 
@@ -27,7 +27,7 @@ log = structlog.get_logger("harness.session")
 MAX_RESUMES = 10
 
 
-def kill_orphaned_processes(ledger: Ledger, session_id: str) -> int:
+def kill_orphaned_processes(ledger: LedgerPort, session_id: str) -> int:
     """Kill what the tool calls of a crashed harness left running (their process groups).
 
     A running call whose tool reported a process group has its identity in the ledger;
@@ -44,16 +44,23 @@ def kill_orphaned_processes(ledger: Ledger, session_id: str) -> int:
     return killed
 
 
-def reap_mcp_servers(ledger: Ledger) -> list[NewEvent]:
+def reap_mcp_servers(ledger: LedgerPort) -> list[NewEvent]:
     """Kill the MCP servers a harness that died (``kill -9``, a crash) left running.
 
     Each stdio server's process group is in the ledger from before its first message
     (``mcp.process``) until it is recorded as ended; what is still open at a start was left
-    by a dead harness. Checked against the recorded identity, so a reused number is left
-    alone. Returns the ``mcp.exited`` events that close the records.
+    by a dead harness, unless the harness that recorded it (its ``owner``) still runs: a
+    shared ledger (DESIGN §14) holds the live servers of other daemons too. A record made
+    on another machine is left for a harness of that machine to judge. Checked against the
+    recorded identity, so a reused number is left alone. Returns the ``mcp.exited`` events
+    that close the records.
     """
     events: list[NewEvent] = []
-    for session_id, server, identity in ledger.mcp_processes():
+    for session_id, server, record in ledger.mcp_processes():
+        identity = record["process"]
+        owner = record.get("owner")
+        if isinstance(owner, dict) and (not same_machine(owner) or process_alive(owner)):
+            continue
         killed = kill_orphans(identity)
         reason = "left running by a harness that did not stop; reaped at start"
         data = {"server": server, "reason": reason, "process": identity, "killed": killed}
@@ -71,7 +78,7 @@ def _rerunnable_mcp(part: ToolPart) -> bool:
 
 
 def close_open_work(
-    ledger: Ledger,
+    ledger: LedgerPort,
     session_id: str,
     reason: str,
     *,
@@ -115,7 +122,7 @@ def close_open_work(
 
 
 def end_turn(
-    ledger: Ledger, session_id: str, message_id: str, *, closed_as: str, error: str
+    ledger: LedgerPort, session_id: str, message_id: str, *, closed_as: str, error: str
 ) -> list[NewEvent]:
     """Events that close a turn's open work as ``closed_as`` and finish it with ``error``."""
     result = TurnResult(message_id, "error", "", error)
@@ -126,7 +133,7 @@ def end_turn(
 
 
 def abandon_turn(
-    ledger: Ledger,
+    ledger: LedgerPort,
     session_id: str,
     message_id: str,
     reason: str = RESTARTED,
@@ -153,7 +160,7 @@ def abandon_turn(
 
 
 def resume_events(
-    ledger: Ledger, session_id: str, message_id: str, resumes: int, rerun: frozenset[str]
+    ledger: LedgerPort, session_id: str, message_id: str, resumes: int, rerun: frozenset[str]
 ) -> list[NewEvent]:
     """Events that let an interrupted turn carry on: its open work closed, its resume counted.
 

@@ -21,7 +21,7 @@ from harness.messages.provider import ToolSpec
 from harness.permissions.ruleset import DEFAULT_RULES, merge
 from harness.providers.limiter import ProviderLimiter, ProviderLimiters
 from harness.providers.table import kind_of
-from harness.storage.ledger import Ledger
+from harness.storage.port import LedgerPort
 from harness.tools.base import Tool
 from harness.tools.sandbox import Sandbox
 
@@ -34,7 +34,7 @@ class SessionServices:
     """What every session actor shares: the ledger, the other actors' mailboxes, config."""
 
     config: Config
-    ledger: Ledger
+    ledger: LedgerPort
     feed: trio.MemorySendChannel[FeedMessage]
     permission: trio.MemorySendChannel[PermissionMessage]
     tools: Mapping[str, Tool[Any]]

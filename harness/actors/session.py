@@ -54,7 +54,7 @@ from harness.providers.base import Provider
 from harness.providers.errors import ProviderError
 from harness.providers.limiter import LimitedProvider
 from harness.providers.retry import RetryNotice
-from harness.storage.ledger import LedgerError
+from harness.storage.port import LedgerError, LedgerFenced, current_lease
 
 log = structlog.get_logger("harness.session")
 
@@ -87,6 +87,11 @@ class SessionActor:
         self._provider_for: tuple[str, str | None] = ("", None)  # (model, base_url)
         self._restarts = RestartPolicy(config.restart_limit, config.restart_window)
         self._state: Session | None = None
+        # A shared ledger's lease on this session (DESIGN §14), held while a turn runs:
+        # (session_id, epoch), carried by every write of this actor's tasks.
+        self.lease: tuple[str, int] | None = None
+        self.lost = False  # another daemon took the session: stop, write nothing more
+        self._run_scope: trio.CancelScope | None = None
         self._builder = TurnBuilder(
             services=services,
             lineage=self._lineage,
@@ -117,6 +122,7 @@ class SessionActor:
         ):
             try:
                 async with trio.open_nursery() as nursery:
+                    self._run_scope = nursery.cancel_scope
                     nursery.start_soon(self._serve_inbox, nursery)
                     task_status.started()
                     async with self._receive:
@@ -143,6 +149,51 @@ class SessionActor:
             if isinstance(message, CancelTurn):
                 message.reply.send_nowait(False)
 
+    def lose(self) -> None:
+        """The lease was taken by another daemon: stop everything, at once. Whatever the
+        cancelled work still tries to write is refused by the fence."""
+        self.lost = True
+        self.closing = True
+        log.warning("session lost to another daemon: stopping it here")
+        if self._run_scope is not None:
+            self._run_scope.cancel()
+
+    async def _hold(self) -> bool:
+        """Hold the session's lease before running it; False when another daemon does.
+
+        A ledger of one process grants it at once. A shared one may not: the daemon that
+        runs the session has the input too, and runs it.
+        """
+        if not self._ledger.cluster:
+            return True
+        if self.lease is not None and self._ledger.holds(self.session_id):
+            return True
+        # Claimed for this daemon already (an orphan taken over in a batch), or claim now.
+        epoch = self._ledger.held_epoch(self.session_id)
+        if epoch is None:
+            epoch = await self._ledger.claim(self.session_id)
+        if epoch is None:
+            log.debug("session held by another daemon")
+            return False
+        self.lease = (self.session_id, epoch)
+        current_lease.set(self.lease)  # inherited by the tasks this one starts from now on
+        self._state = None  # another daemon may have changed the row since this actor read it
+        return True
+
+    async def _let_go(self) -> None:
+        """Give the lease back once this actor's writes have landed (a turn ended).
+
+        The task keeps its fence: a late write (a title) still lands unless another daemon
+        has claimed the session since, and is refused if it has."""
+        if self._ledger.cluster and self.lease is not None:
+            await self._ledger.flush()
+            await self._ledger.release(self.session_id)
+            self.lease = None
+
+    def _give_up(self) -> None:
+        self.closing = True
+        self.mailbox.close()
+
     def _cancel_turn(self) -> bool:
         if self._turn_scope is None:
             return False
@@ -153,11 +204,15 @@ class SessionActor:
 
     async def _serve_inbox(self, nursery: trio.Nursery) -> None:
         """Run the inbox's items as turns, in order, until idle for ``idle_release``."""
+        if not await self._hold():
+            self._give_up()
+            return
         # A turn claimed and never finished was cut short by a crash: it goes first.
         await self._resume_claimed()
-        while True:
+        while not self.lost:
             inbox = self._ledger.inbox(self.session_id)
             if not inbox:
+                await self._let_go()
                 with trio.move_on_after(self._idle_release or math.inf):
                     await self._wake.wait()
                 if not self._wake.is_set() and not self._ledger.inbox(self.session_id):
@@ -170,6 +225,9 @@ class SessionActor:
                     return
                 self._wake = trio.Event()
                 continue
+            if not await self._hold():
+                self._give_up()
+                return
             await self._claim(inbox[0], nursery)
 
     async def _take(self, item: InboxItem, session: Session) -> list[NewEvent]:
@@ -246,6 +304,8 @@ class SessionActor:
 
     async def _resume_claimed(self) -> None:
         for _, message_id, resumes in self._ledger.claimed_turns(self.session_id):
+            if self.lost:
+                return
             await self._resume(message_id, resumes)
 
     async def _resume(self, message_id: str, resumes: int) -> None:
@@ -278,6 +338,12 @@ class SessionActor:
         harness restarts. Whoever follows the turn hears that it ended from a live-only
         ``turn.finished`` event, which needs no disk.
         """
+        if isinstance(error, LedgerFenced):
+            # Another daemon runs the session now: it carries the turn on from the ledger.
+            log.warning("turn stopped: the session was taken by another daemon")
+            self.lost = True
+            self._give_up()
+            return
         log.error("turn stopped: the ledger cannot be written", error=str(error))
         self._state = None  # what this actor posted may not have landed
         result = TurnResult(message_id, "error", "", str(error))

@@ -22,6 +22,7 @@ from harness.actors.session import SessionActor
 from harness.messages.mailbox import (
     CancelSession,
     CancelTurn,
+    LeaseLost,
     SupervisorMessage,
     Wake,
     WakeSession,
@@ -35,6 +36,8 @@ class Supervisor:
         self._services = services
         self.mailbox, self._receive = trio.open_memory_channel[SupervisorMessage](math.inf)
         self._actors: dict[str, SessionActor] = {}
+        # Sessions the shared ledger claimed for this daemon because their holder lapsed.
+        self._orphans: set[str] = set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -47,9 +50,7 @@ class Supervisor:
                 if session is not None and session.parent_id is None:
                     pending.append(session_id)
                 else:
-                    # A child runs only inside its parent's task call; the resumed
-                    # parent sees that call as interrupted and decides what to redo.
-                    await ledger.write(abandon_turn(ledger, session_id, message_id))
+                    await self._abandon_child_turn(session_id, message_id)
             for session_id in dict.fromkeys(pending):
                 self._actor(nursery, session_id).mailbox.send_nowait(Wake())
             if pending:
@@ -58,7 +59,15 @@ class Supervisor:
             async with self._receive:
                 async for message in self._receive:
                     if isinstance(message, WakeSession):
+                        if message.orphan:
+                            self._orphans.add(message.session_id)
+                        if message.remote and not await self._remote_wake(message.session_id):
+                            continue
                         self._actor(nursery, message.session_id).mailbox.send_nowait(Wake())
+                    elif isinstance(message, LeaseLost):
+                        lost = self._actors.get(message.session_id)
+                        if lost is not None:
+                            lost.lose()
                     elif isinstance(message, CancelSession):
                         actor = self._actors.get(message.session_id)
                         if actor is None or actor.closing:
@@ -66,6 +75,45 @@ class Supervisor:
                         else:
                             actor.mailbox.send_nowait(CancelTurn(message.reply))
             nursery.cancel_scope.cancel()
+
+    async def _abandon_child_turn(self, session_id: str, message_id: str) -> None:
+        """End a child's turn that no process runs any more.
+
+        A child runs only inside its parent's task call; the resumed parent sees that call
+        as interrupted and decides what to redo. On a shared ledger the child's turn may
+        be running on another daemon: it is ended only under the child's own lease.
+        """
+        ledger = self._services.ledger
+        if ledger.cluster and ledger.holds(session_id) and session_id not in self._orphans:
+            return  # this daemon runs the child, inside its parent's call
+        self._orphans.discard(session_id)
+        epoch = await ledger.claim(session_id)
+        if epoch is None:
+            return
+        try:
+            events = abandon_turn(ledger, session_id, message_id)
+            await ledger.write(events, fence=(session_id, epoch) if ledger.cluster else None)
+        finally:
+            await ledger.release(session_id)
+
+    async def _remote_wake(self, session_id: str) -> bool:
+        """Whether work heard of through a shared ledger should start an actor here.
+
+        A root session: yes (its actor claims the lease, or ends if another daemon holds
+        it). A child: never; only its turns left behind by a dead daemon are ended.
+        """
+        ledger = self._services.ledger
+        session = ledger.session(session_id)
+        if session is None:
+            await ledger.release(session_id)  # claimed as an orphan: nothing to run
+            return False
+        if session.parent_id is None:
+            self._orphans.discard(session_id)
+            return True
+        if session_id not in self._actors:
+            for _, message_id, _ in ledger.claimed_turns(session_id):
+                await self._abandon_child_turn(session_id, message_id)
+        return False
 
     def _actor(self, nursery: trio.Nursery, session_id: str) -> SessionActor:
         actor = self._actors.get(session_id)
@@ -85,6 +133,10 @@ class Supervisor:
         try:
             await actor.run()
         except Exception as error:
+            if actor.lost:
+                # What the cancelled turn still tried to write was refused by the fence.
+                log.info("session actor stopped: lease lost", session_id=actor.session_id)
+                return
             log.exception("session actor died", session_id=actor.session_id)
             # Whoever waits on the turn must hear that it ended: record it as failed.
             ledger = self._services.ledger
@@ -93,7 +145,8 @@ class Supervisor:
                 for session_id, message_id, _ in ledger.claimed_turns(actor.session_id):
                     try:
                         await ledger.write(
-                            abandon_turn(ledger, session_id, message_id, reason, status="error")
+                            abandon_turn(ledger, session_id, message_id, reason, status="error"),
+                            fence=actor.lease,
                         )
                     except Exception:
                         log.exception("could not record the failed turn", turn=message_id)

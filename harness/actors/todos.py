@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from harness.messages.events import NewEvent
 from harness.messages.todo import Todo, TodoList
-from harness.storage.ledger import Ledger
+from harness.storage.port import LedgerPort
 
 
 class SessionTodos:
-    def __init__(self, session_id: str, ledger: Ledger) -> None:
+    def __init__(self, session_id: str, ledger: LedgerPort) -> None:
         self._session_id = session_id
         self._ledger = ledger
 

@@ -44,7 +44,7 @@ from harness.messages.permission import PermissionDecision, PermissionNeed
 from harness.permissions.ruleset import decide
 from harness.secrets import has_secrets, redact, redact_file
 from harness.snapshots import Blob, CallSnapshot, patch_part
-from harness.storage.ledger import Ledger
+from harness.storage.port import LedgerPort
 from harness.tools.base import (
     Questions,
     Subtasks,
@@ -108,7 +108,7 @@ class ToolExecutor:
         tools: Mapping[str, Tool[Any]],
         disabled: Container[str] = frozenset(),
         layers: Sequence[Sequence[Rule]],
-        ledger: Ledger,
+        ledger: LedgerPort,
         permission: trio.MemorySendChannel[PermissionMessage],
         output_dir: Path,
         subtasks: Subtasks | None = None,

@@ -29,6 +29,10 @@ DURABILITY_HELP = (
     "normal (default): a commit survives a crash of the process; "
     "full: it also survives a power loss (an fsync per commit batch)"
 )
+LEDGER_HELP = (
+    "a postgresql:// URL (no password: libpq reads PGPASSWORD or ~/.pgpass) shared by every "
+    "daemon naming it (default $HARNESS_LEDGER, the config's ledger, else the SQLite file)"
+)
 SANDBOX_MODES = ("workspace-write", "read-only", "off")  # harness/tools/sandbox.py
 SANDBOX_HELP = (
     "what commands run under: workspace-write (default: only the session directory and "

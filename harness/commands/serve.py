@@ -10,6 +10,7 @@ from harness.commands.base import (
     DURABILITY_HELP,
     EXIT_ERROR,
     EXIT_OK,
+    LEDGER_HELP,
     SANDBOX_HELP,
     SANDBOX_MODES,
     leaves,
@@ -25,6 +26,7 @@ def register(commands: Any) -> None:
     serve.add_argument("--log-file", help="write the JSON log lines to this file, not stderr")
     serve.add_argument("--durability", choices=("normal", "full"), help=DURABILITY_HELP)
     serve.add_argument("--sandbox", choices=SANDBOX_MODES, help=SANDBOX_HELP)
+    serve.add_argument("--ledger", help=LEDGER_HELP)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -48,7 +50,11 @@ def _serve(args: argparse.Namespace) -> int:
     # The global configuration file, read once now; a session's project file is read when
     # the session is created (harness/server.py).
     config = config_from_files(
-        Path.cwd(), project=False, durability=args.durability, sandbox=args.sandbox
+        Path.cwd(),
+        project=False,
+        durability=args.durability,
+        sandbox=args.sandbox,
+        ledger=args.ledger,
     )
     global_catalog()  # the global agent files, checked before the daemon starts
     log_file = Path(args.log_file).expanduser() if args.log_file else None

@@ -63,6 +63,8 @@ LoggedType = Literal[
     "mcp.exited",
     "mcp.warning",
     "skill.invalid",  # a SKILL.md a turn skipped: {file, reason}
+    # A shared ledger's session changed hands (DESIGN §14): {session_id, owner, epoch, from}
+    "session.leased",
 ]
 
 # ephemeral: published live, never stored

@@ -54,6 +54,9 @@ class WriteEvents:
     reply: trio.MemorySendChannel[list[Event] | Exception] | None = None
     # File contents the events name, (sha256 hex, bytes): stored in the same transaction.
     blobs: Sequence[tuple[str, bytes]] = ()
+    # The lease the writing session actor holds, (session_id, epoch): a shared ledger
+    # refuses the write once another daemon has taken the session (DESIGN §14).
+    fence: tuple[str, int] | None = None
 
 
 # --- event feed ----------------------------------------------------------------------------
@@ -118,6 +121,9 @@ class ReplyPermission:
     message: str | None
     done: trio.MemorySendChannel[bool]  # False when no such request is pending
     no_terminal: bool = False  # rejected because nobody could be asked
+    # Given through another daemon of a shared ledger, whose permission.replied event is
+    # in the ledger already (DESIGN §14): only the decision is left to record.
+    remote: bool = False
 
 
 @dataclass(slots=True, frozen=True)
@@ -237,6 +243,11 @@ SessionMessage = Wake | CancelTurn
 @dataclass(slots=True, frozen=True)
 class WakeSession:
     session_id: str
+    # Heard from a shared ledger (another daemon's input, a lapsed lease), not from this
+    # daemon's API: a child session is then never started here (its parent's call runs it).
+    remote: bool = False
+    # Claimed for this daemon by the shared ledger: its lease-holder stopped renewing.
+    orphan: bool = False
 
 
 @dataclass(slots=True, frozen=True)
@@ -245,4 +256,11 @@ class CancelSession:
     reply: trio.MemorySendChannel[bool]
 
 
-SupervisorMessage = WakeSession | CancelSession
+@dataclass(slots=True, frozen=True)
+class LeaseLost:
+    """Another daemon took the session (a shared ledger, DESIGN §14): stop running it."""
+
+    session_id: str
+
+
+SupervisorMessage = WakeSession | CancelSession | LeaseLost

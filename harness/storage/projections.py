@@ -6,6 +6,9 @@ event and its effect are committed together or not at all. The keys are exactly 
 type; tests/test_event_types.py refuses a projected type without an entry and an entry
 for a type that is not projected); a ``LoggedType``
 (permission.*, question.*, sandbox.unavailable) lives in the event log only.
+
+Both backends run these same statements (``?`` placeholders, upserts both SQLite and
+PostgreSQL speak), through the ``execute`` of their write connection.
 """
 
 from __future__ import annotations
@@ -13,13 +16,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-import apsw
-
 from harness.messages.events import EventType
 
+# A write connection's ``execute(sql, args)``; what it returns is not used.
+Execute = Callable[[str, tuple[Any, ...]], object]
 
-def _upsert_session(conn: apsw.Connection, seq: int, data: dict[str, Any], text: str) -> None:
-    conn.execute(
+# INSERT OR REPLACE, said in the upsert both engines speak: the row of (call_id, path)
+# takes every new value.
+_REPLACE_CHANGE = (
+    "ON CONFLICT(call_id, path) DO UPDATE SET seq=excluded.seq, session_id=excluded.session_id,"
+    " message_id=excluded.message_id, kind=excluded.kind, before=excluded.before,"
+    " after=excluded.after, done=excluded.done"
+)
+
+
+def _upsert_session(execute: Execute, seq: int, data: dict[str, Any], text: str) -> None:
+    execute(
         "INSERT INTO sessions(id, parent_id, status, updated, seq, data) VALUES (?, ?, ?, ?, ?, ?)"
         " ON CONFLICT(id) DO UPDATE SET parent_id=excluded.parent_id, status=excluded.status,"
         " updated=excluded.updated, seq=excluded.seq, data=excluded.data",
@@ -27,15 +39,15 @@ def _upsert_session(conn: apsw.Connection, seq: int, data: dict[str, Any], text:
     )
 
 
-def _delete_session(conn: apsw.Connection, seq: int, data: dict[str, Any], text: str) -> None:
+def _delete_session(execute: Execute, seq: int, data: dict[str, Any], text: str) -> None:
     session_id = data["id"]
     for table in ("parts", "messages", "inbox", "todos"):
-        conn.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
-    conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+        execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
+    execute("DELETE FROM sessions WHERE id = ?", (session_id,))
 
 
-def _upsert_message(conn: apsw.Connection, seq: int, data: dict[str, Any], text: str) -> None:
-    conn.execute(
+def _upsert_message(execute: Execute, seq: int, data: dict[str, Any], text: str) -> None:
+    execute(
         "INSERT INTO messages(id, session_id, role, seq, created_seq, data)"
         " VALUES (?, ?, ?, ?, ?, ?)"
         " ON CONFLICT(id) DO UPDATE SET seq=excluded.seq, data=excluded.data",
@@ -43,10 +55,10 @@ def _upsert_message(conn: apsw.Connection, seq: int, data: dict[str, Any], text:
     )
 
 
-def _upsert_part(conn: apsw.Connection, seq: int, data: dict[str, Any], text: str) -> None:
+def _upsert_part(execute: Execute, seq: int, data: dict[str, Any], text: str) -> None:
     state = data.get("state")
     status = state.get("status") if isinstance(state, dict) else None
-    conn.execute(
+    execute(
         "INSERT INTO parts(id, session_id, message_id, type, status, seq, data)"
         " VALUES (?, ?, ?, ?, ?, ?, ?)"
         " ON CONFLICT(id) DO UPDATE SET status=excluded.status, seq=excluded.seq,"
@@ -55,30 +67,32 @@ def _upsert_part(conn: apsw.Connection, seq: int, data: dict[str, Any], text: st
     )
 
 
-def _add_inbox(conn: apsw.Connection, seq: int, data: dict[str, Any], text: str) -> None:
-    conn.execute(
-        "INSERT OR IGNORE INTO inbox(id, session_id, delivery, seq, data) VALUES (?, ?, ?, ?, ?)",
+def _add_inbox(execute: Execute, seq: int, data: dict[str, Any], text: str) -> None:
+    execute(
+        "INSERT INTO inbox(id, session_id, delivery, seq, data) VALUES (?, ?, ?, ?, ?)"
+        " ON CONFLICT DO NOTHING",
         (data["id"], data["session_id"], data["delivery"], seq, text),
     )
 
 
-def _take_inbox(conn: apsw.Connection, seq: int, data: dict[str, Any], text: str) -> None:
-    conn.execute("DELETE FROM inbox WHERE id = ?", (data["id"],))
+def _take_inbox(execute: Execute, seq: int, data: dict[str, Any], text: str) -> None:
+    execute("DELETE FROM inbox WHERE id = ?", (data["id"],))
 
 
-def _add_approval(conn: apsw.Connection, seq: int, data: dict[str, Any], text: str) -> None:
-    conn.execute(
-        "INSERT OR IGNORE INTO approvals(project, permission, pattern, created)"
-        " VALUES (?, ?, ?, ?)",
+def _add_approval(execute: Execute, seq: int, data: dict[str, Any], text: str) -> None:
+    execute(
+        "INSERT INTO approvals(project, permission, pattern, created)"
+        " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
         (data["project"], data["permission"], data["pattern"], data["created"]),
     )
 
 
-def _snapshot_files(conn: apsw.Connection, seq: int, data: dict[str, Any], text: str) -> None:
+def _snapshot_files(execute: Execute, seq: int, data: dict[str, Any], text: str) -> None:
     for file in data["files"]:
-        conn.execute(
-            "INSERT OR REPLACE INTO file_changes(seq, session_id, message_id, call_id, kind, path,"
-            " before, after, done) VALUES (?, ?, ?, ?, 'tool', ?, ?, NULL, 0)",
+        execute(
+            "INSERT INTO file_changes(seq, session_id, message_id, call_id, kind, path,"
+            " before, after, done) VALUES (?, ?, ?, ?, 'tool', ?, ?, NULL, 0)"
+            f" {_REPLACE_CHANGE}",
             (
                 seq,
                 data["session_id"],
@@ -90,19 +104,20 @@ def _snapshot_files(conn: apsw.Connection, seq: int, data: dict[str, Any], text:
         )
 
 
-def _files_changed(conn: apsw.Connection, seq: int, data: dict[str, Any], text: str) -> None:
+def _files_changed(execute: Execute, seq: int, data: dict[str, Any], text: str) -> None:
     for file in data["files"]:
-        conn.execute(
+        execute(
             "UPDATE file_changes SET after = ?, done = 1 WHERE call_id = ? AND path = ?",
             (file["after"], data["call_id"], file["path"]),
         )
 
 
-def _reverted(conn: apsw.Connection, seq: int, data: dict[str, Any], text: str) -> None:
+def _reverted(execute: Execute, seq: int, data: dict[str, Any], text: str) -> None:
     for file in data["files"]:
-        conn.execute(
-            "INSERT OR REPLACE INTO file_changes(seq, session_id, message_id, call_id, kind, path,"
-            " before, after, done) VALUES (?, ?, ?, ?, 'revert', ?, ?, ?, 1)",
+        execute(
+            "INSERT INTO file_changes(seq, session_id, message_id, call_id, kind, path,"
+            " before, after, done) VALUES (?, ?, ?, ?, 'revert', ?, ?, ?, 1)"
+            f" {_REPLACE_CHANGE}",
             (
                 seq,
                 data["session_id"],
@@ -115,32 +130,33 @@ def _reverted(conn: apsw.Connection, seq: int, data: dict[str, Any], text: str) 
         )
 
 
-def _claim_turn(conn: apsw.Connection, seq: int, data: dict[str, Any], text: str) -> None:
-    conn.execute(
-        "INSERT OR IGNORE INTO turns(message_id, session_id, started) VALUES (?, ?, ?)",
+def _claim_turn(execute: Execute, seq: int, data: dict[str, Any], text: str) -> None:
+    execute(
+        "INSERT INTO turns(message_id, session_id, started) VALUES (?, ?, ?)"
+        " ON CONFLICT DO NOTHING",
         (data["message_id"], data["session_id"], data["started"]),
     )
 
 
-def _resume_turn(conn: apsw.Connection, seq: int, data: dict[str, Any], text: str) -> None:
-    conn.execute(
+def _resume_turn(execute: Execute, seq: int, data: dict[str, Any], text: str) -> None:
+    execute(
         "UPDATE turns SET resumes = ? WHERE message_id = ?", (data["resumes"], data["message_id"])
     )
 
 
-def _release_turn(conn: apsw.Connection, seq: int, data: dict[str, Any], text: str) -> None:
-    conn.execute("DELETE FROM turns WHERE message_id = ?", (data["message_id"],))
+def _release_turn(execute: Execute, seq: int, data: dict[str, Any], text: str) -> None:
+    execute("DELETE FROM turns WHERE message_id = ?", (data["message_id"],))
 
 
-def _set_todos(conn: apsw.Connection, seq: int, data: dict[str, Any], text: str) -> None:
-    conn.execute(
+def _set_todos(execute: Execute, seq: int, data: dict[str, Any], text: str) -> None:
+    execute(
         "INSERT INTO todos(session_id, seq, data) VALUES (?, ?, ?)"
         " ON CONFLICT(session_id) DO UPDATE SET seq=excluded.seq, data=excluded.data",
         (data["session_id"], seq, text),
     )
 
 
-Projection = Callable[[apsw.Connection, int, dict[str, Any], str], None]
+Projection = Callable[[Execute, int, dict[str, Any], str], None]
 
 PROJECTIONS: Final[dict[EventType, Projection]] = {
     "session.created": _upsert_session,

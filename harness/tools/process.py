@@ -200,6 +200,26 @@ def process_identity(pid: int) -> dict[str, object] | None:
     return {"pgid": pid, "started": int(fields[19]), "boot": _boot_id()}
 
 
+def same_machine(identity: dict[str, object]) -> bool:
+    """Whether an identity was taken on this machine since its last boot."""
+    return identity.get("boot") == _boot_id()
+
+
+def process_alive(identity: dict[str, object]) -> bool:
+    """Whether the process an identity names (``process_identity``) is still running.
+
+    The number alone could have been reused; the start time tells the original apart.
+    Only meaningful for an identity of this machine (``same_machine``).
+    """
+    pid, started = identity.get("pgid"), identity.get("started")
+    if not isinstance(pid, int) or not isinstance(started, int) or not same_machine(identity):
+        return False
+    fields = _stat_fields(pid)
+    if fields is None or len(fields) < 20 or fields[0] in (b"Z", b"X"):
+        return False
+    return int(fields[19]) == started
+
+
 def kill_orphans(identity: dict[str, object]) -> int:
     """SIGKILL what is left of a group a crashed harness started; returns how many.
 

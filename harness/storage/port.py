@@ -1,0 +1,522 @@
+"""The ledger port (DESIGN §4, §14): what the rest of harness asks of a ledger.
+
+Two backends stand behind it: ``harness.storage.ledger.Ledger`` (apsw, SQLite: the
+embedded default, one process per file) and ``harness.storage.postgres.PostgresLedger``
+(one database that every daemon shares). What they share lives here: the writer actor
+(one mailbox, batches committed in one transaction inside ``trio.to_thread``, callers
+answered after commit), and every read, written once in SQL both engines speak, with
+``?`` placeholders (the PostgreSQL backend turns them into ``%s``).
+
+A backend supplies the connection work: ``_commit`` (append a batch and apply the
+projections, in one transaction), ``_rows`` (one read), ``close``, and for a shared
+ledger the leases: ``claim``/``release`` of a session, and the fence that every write
+carries (``WriteEvents.fence``), so that a daemon that lost a session can never write
+to it again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import zlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+import trio
+from pydantic import TypeAdapter
+
+from harness.messages.events import Event, NewEvent
+from harness.messages.mailbox import FeedMessage, Publish, WriteEvents
+from harness.messages.model import (
+    AssistantMessage,
+    InboxItem,
+    Message,
+    MessageWithParts,
+    Part,
+    Rule,
+    Session,
+    TextPart,
+    ToolPart,
+    UserMessage,
+)
+from harness.messages.todo import Todo
+
+log = structlog.get_logger("harness.ledger")
+
+_MESSAGE: TypeAdapter[Message] = TypeAdapter(Message)
+_PART: TypeAdapter[Part] = TypeAdapter(Part)
+_MAX_BATCH = 1024
+
+# The lease (session_id, epoch) of the session actor whose task writes: set by the actor
+# when it claims its session, inherited by the tasks it starts (runner, tools, title), and
+# attached to each write it makes. None: a write of the API (a prompt, a new session),
+# which any daemon may make.
+current_lease: ContextVar[tuple[str, int] | None] = ContextVar("current_lease", default=None)
+
+
+class LedgerError(Exception):
+    """The ledger cannot be opened or written; the message says where and why."""
+
+
+class LedgerFenced(LedgerError):
+    """A write refused: another daemon holds the session's lease now (DESIGN §14)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterHooks:
+    """What a shared ledger tells the harness about other daemons' work.
+
+    ``wake``: a session has work this daemon may take (input added through another
+    daemon, a session whose holder stopped renewing). ``lost``: this daemon's lease on a
+    session was taken: its actor must stop, it can no longer write.
+    """
+
+    wake: Callable[[str], None]
+    lost: Callable[[str], None]
+    # A session claimed for this daemon because its holder stopped renewing: run it.
+    orphan: Callable[[str], None] = lambda session_id: None
+    # A permission.replied event written through another daemon: its data.
+    replied: Callable[[dict[str, Any]], None] = lambda data: None
+
+
+class LedgerPort(ABC):
+    """A ledger: the writer actor and the reads, over a backend's connections."""
+
+    # Whether other daemons share this ledger (leases, fences and the feed matter).
+    cluster: bool = False
+    location = ""  # where it is, for messages: a file, or a database without its password
+    # SQL that is true when an assistant message's JSON ``data`` has no ``completed``.
+    _COMPLETED_IS_NULL = "json_extract(data, '$.completed') IS NULL"
+
+    def __init__(self, *, post_delay: float, read_only: bool) -> None:
+        self.post_delay = post_delay  # how long a fire-and-forget write may wait for company
+        self.read_only = read_only
+        # Set by a commit that failed for good (a full disk): every later write fails with
+        # it until ``recover``, so nothing lands after a lost post and the ledger stays as
+        # of its last good commit.
+        self.failure: LedgerError | None = None
+        self.hooks: ClusterHooks | None = None
+        self._mailbox_send, self._mailbox_receive = trio.open_memory_channel[WriteEvents](math.inf)
+
+    # --- what a backend provides -----------------------------------------------------------
+
+    @abstractmethod
+    def _commit(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerFenced]:
+        """Append and project a batch in one transaction (on a worker thread); per request
+        its committed events, or why it was refused (its fence no longer holds)."""
+
+    @abstractmethod
+    def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """One read, in ``?`` placeholders."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    async def _run_commit(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerFenced]:
+        return await trio.to_thread.run_sync(self._commit, batch)
+
+    def _failure(self, error: Exception) -> tuple[LedgerError, bool]:
+        """What a failed commit tells its callers, and whether it sticks (``failure``)."""
+        return LedgerError(f"ledger write failed: {error}"), False
+
+    async def _published(
+        self, events: list[Event], feed: trio.MemorySendChannel[FeedMessage] | None
+    ) -> None:
+        """Committed events go to the feed (a shared ledger orders them with others')."""
+        if feed is not None:
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await feed.send(Publish(events))
+
+    # --- leases: no-ops for a ledger of one process ------------------------------------------
+
+    async def claim(self, session_id: str) -> int | None:
+        """Lease ``session_id`` to this process: its epoch, or None if another daemon holds
+        it. A ledger of one process (SQLite, under its lock file) always grants epoch 0."""
+        return 0
+
+    async def release(self, session_id: str) -> None:
+        """Give the lease back (a turn ended, nothing queued): any daemon may claim it."""
+        return None
+
+    def holds(self, session_id: str) -> bool:
+        """Whether this process holds the session's lease (always, for one process)."""
+        return True
+
+    def held_epoch(self, session_id: str) -> int | None:
+        """The epoch of this process's lease on the session, if it holds one."""
+        return 0
+
+    def open_asks(self, session_id: str | None = None) -> list[dict[str, Any]]:
+        """Permission asks pending on any daemon of a shared ledger (none for one process,
+        whose asks its Permission actor lists): ``permission.asked`` data."""
+        return []
+
+    # --- writing ---------------------------------------------------------------------------
+
+    async def run_writer(
+        self,
+        feed: trio.MemorySendChannel[FeedMessage] | None,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """The writer actor: commit batches in order, then answer and publish.
+
+        Ends when ``close_writer`` is called and the mailbox is drained, so shielded
+        cleanup writes made while the rest of the harness is cancelled still land.
+        """
+        task_status.started()
+        async with self._mailbox_receive:
+            while True:
+                try:
+                    first = await self._mailbox_receive.receive()
+                except trio.EndOfChannel:
+                    return
+                batch = [first]
+                if first.reply is None and self.post_delay > 0:
+                    # Group commit: nobody waits on a post, so give the posts that follow
+                    # it (a step makes several) a moment to share one transaction. A
+                    # write that someone awaits ends the wait at once.
+                    with trio.move_on_after(self.post_delay):
+                        while len(batch) < _MAX_BATCH and batch[-1].reply is None:
+                            try:
+                                batch.append(await self._mailbox_receive.receive())
+                            except trio.EndOfChannel:
+                                break
+                while len(batch) < _MAX_BATCH:
+                    try:
+                        batch.append(self._mailbox_receive.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                with trio.CancelScope(shield=True):
+                    await self._commit_and_answer(batch, feed)
+
+    def recover(self) -> None:
+        """Accept writes again after a failure (new input: there may be space now)."""
+        self.failure = None
+
+    async def _commit_and_answer(
+        self, batch: list[WriteEvents], feed: trio.MemorySendChannel[FeedMessage] | None
+    ) -> None:
+        if self.failure is not None:
+            for request in batch:
+                if request.reply is not None:
+                    request.reply.send_nowait(self.failure)
+            return
+        try:
+            committed = await self._run_commit(batch)
+        except Exception as error:
+            failure, sticky = self._failure(error)
+            for request in batch:
+                if request.reply is not None:
+                    request.reply.send_nowait(failure)
+            if sticky:
+                # The writer lives on (a dead one would leave shielded waiters waiting
+                # for good): the failure goes to every later write, posts dropped.
+                self.failure = failure
+                log.error("ledger write failed for good", error=str(error))
+            elif not any(request.reply is not None for request in batch):
+                raise failure from error
+            return
+        published: list[Event] = []
+        for request, events in zip(batch, committed, strict=True):
+            if isinstance(events, LedgerFenced):
+                if request.reply is not None:
+                    request.reply.send_nowait(events)
+                else:
+                    log.warning("write refused: the lease is lost", error=str(events))
+                continue
+            if request.reply is not None:
+                request.reply.send_nowait(events)
+            published.extend(events)
+        if published:
+            await self._published(published, feed)
+
+    def post(
+        self,
+        events: Sequence[NewEvent],
+        *,
+        blobs: Sequence[tuple[str, bytes]] = (),
+        fence: tuple[str, int] | None = None,
+    ) -> None:
+        """Fire-and-forget write, ordered with every other write."""
+        lease = fence or current_lease.get()
+        self._mailbox_send.send_nowait(WriteEvents(events, blobs=blobs, fence=lease))
+
+    async def write(
+        self,
+        events: Sequence[NewEvent],
+        *,
+        blobs: Sequence[tuple[str, bytes]] = (),
+        fence: tuple[str, int] | None = None,
+    ) -> list[Event]:
+        """Write and wait until the events (and the file contents they name) are committed.
+
+        Raises ``LedgerFenced`` when the writer's lease (``fence``, else the task's
+        ``current_lease``) was taken by another daemon: nothing was written.
+        """
+        # Not ``mailbox.ask``: its ``await send`` is a checkpoint, so a caller already
+        # cancelled would never post the write. Posted with send_nowait (the mailbox is
+        # unbounded) the events reach the writer whatever happens to the caller next.
+        reply_send, reply_receive = trio.open_memory_channel[list[Event] | Exception](1)
+        lease = fence or current_lease.get()
+        self._mailbox_send.send_nowait(WriteEvents(events, reply_send, blobs, lease))
+        answer = await reply_receive.receive()
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async def flush(self) -> None:
+        """Wait until every write posted before this call is committed."""
+        await self.write(())
+
+    def close_writer(self) -> None:
+        self._mailbox_send.close()
+
+    # --- reading ---------------------------------------------------------------------------
+
+    def session(self, session_id: str) -> Session | None:
+        rows = self._rows("SELECT data FROM sessions WHERE id = ?", (session_id,))
+        return Session.model_validate_json(rows[0][0]) if rows else None
+
+    def sessions(self, status: str | None = None) -> list[Session]:
+        if status is None:
+            rows = self._rows("SELECT data FROM sessions ORDER BY updated DESC")
+        else:
+            rows = self._rows(
+                "SELECT data FROM sessions WHERE status = ? ORDER BY updated DESC", (status,)
+            )
+        return [Session.model_validate_json(row[0]) for row in rows]
+
+    def children(self, session_id: str) -> list[Session]:
+        rows = self._rows(
+            "SELECT data FROM sessions WHERE parent_id = ? ORDER BY id", (session_id,)
+        )
+        return [Session.model_validate_json(row[0]) for row in rows]
+
+    def messages(self, session_id: str) -> list[MessageWithParts]:
+        """A session's transcript: messages in order, each with its parts in order."""
+        messages = [
+            _MESSAGE.validate_json(row[0])
+            for row in self._rows(
+                "SELECT data FROM messages WHERE session_id = ? ORDER BY created_seq",
+                (session_id,),
+            )
+        ]
+        parts: dict[str, list[Part]] = {}
+        for row in self._rows(
+            "SELECT message_id, data FROM parts WHERE session_id = ? ORDER BY id", (session_id,)
+        ):
+            parts.setdefault(row[0], []).append(_PART.validate_json(row[1]))
+        return [MessageWithParts(info=m, parts=parts.get(m.id, [])) for m in messages]
+
+    def changes(self, session_id: str, after_seq: int) -> tuple[list[Message], list[Part], int]:
+        """Messages and parts of a session written after ``after_seq``, and the new mark.
+
+        Messages come in the order they were created, parts in the order they changed.
+
+        The runner reads only what changed since its last step, so a step costs the same
+        at step 200 as at step 2.
+        """
+        mark = after_seq
+        messages: list[Message] = []
+        for seq, data in self._rows(
+            "SELECT seq, data FROM messages WHERE session_id = ? AND seq > ? ORDER BY created_seq",
+            (session_id, after_seq),
+        ):
+            messages.append(_MESSAGE.validate_json(data))
+            mark = max(mark, seq)
+        parts: list[Part] = []
+        for seq, data in self._rows(
+            "SELECT seq, data FROM parts WHERE session_id = ? AND seq > ? ORDER BY seq",
+            (session_id, after_seq),
+        ):
+            parts.append(_PART.validate_json(data))
+            mark = max(mark, seq)
+        return messages, parts, mark
+
+    def inbox(self, session_id: str) -> list[InboxItem]:
+        return [
+            InboxItem.model_validate_json(row[0])
+            for row in self._rows(
+                "SELECT data FROM inbox WHERE session_id = ? ORDER BY seq", (session_id,)
+            )
+        ]
+
+    def claimed_turns(self, session_id: str | None = None) -> list[tuple[str, str, int]]:
+        """Turns started and never finished: ``(session_id, message_id, resumes)``."""
+        if session_id is None:
+            rows = self._rows("SELECT session_id, message_id, resumes FROM turns ORDER BY started")
+        else:
+            rows = self._rows(
+                "SELECT session_id, message_id, resumes FROM turns WHERE session_id = ?"
+                " ORDER BY started",
+                (session_id,),
+            )
+        return [(row[0], row[1], int(row[2])) for row in rows]
+
+    def sessions_with_inbox(self) -> list[str]:
+        return [row[0] for row in self._rows("SELECT DISTINCT session_id FROM inbox")]
+
+    def known_message(self, message_id: str) -> bool:
+        """Whether an id is already taken by a message or a queued input (idempotency)."""
+        rows = self._rows(
+            "SELECT 1 FROM messages WHERE id = ? UNION ALL SELECT 1 FROM inbox WHERE id = ?",
+            (message_id, message_id),
+        )
+        return bool(rows)
+
+    def prompt_origin(self, message_id: str) -> tuple[str, str] | None:
+        """The session and text a message id was first prompted with, or None if unused.
+
+        A queued input still holds its text; a taken one is the user message's first
+        text part (the prompt, verbatim).
+        """
+        rows = self._rows("SELECT session_id, data FROM inbox WHERE id = ?", (message_id,))
+        if rows:
+            return rows[0][0], InboxItem.model_validate_json(rows[0][1]).text
+        rows = self._rows(
+            "SELECT m.session_id, p.data FROM messages m LEFT JOIN parts p"
+            " ON p.message_id = m.id AND p.type = 'text' WHERE m.id = ? AND m.role = 'user'"
+            " ORDER BY p.id LIMIT 1",
+            (message_id,),
+        )
+        if not rows:
+            return None
+        part = _PART.validate_json(rows[0][1]) if rows[0][1] else None
+        return rows[0][0], part.text if isinstance(part, TextPart) else ""
+
+    def user_message(self, message_id: str) -> UserMessage | None:
+        rows = self._rows(
+            "SELECT data FROM messages WHERE id = ? AND role = 'user'", (message_id,)
+        )
+        message = _MESSAGE.validate_json(rows[0][0]) if rows else None
+        return message if isinstance(message, UserMessage) else None
+
+    def open_tool_parts(self, session_id: str) -> list[ToolPart]:
+        rows = self._rows(
+            "SELECT data FROM parts WHERE session_id = ? AND type = 'tool'"
+            " AND status IN ('pending', 'running') ORDER BY id",
+            (session_id,),
+        )
+        return [ToolPart.model_validate_json(row[0]) for row in rows]
+
+    def assistant_messages(
+        self, session_id: str, *, unfinished_or_in: set[str]
+    ) -> list[AssistantMessage]:
+        """Assistant messages never completed, plus those whose ids are given."""
+        found: list[AssistantMessage] = []
+        for (data,) in self._rows(
+            "SELECT data FROM messages WHERE session_id = ? AND role = 'assistant'"
+            f" AND ({self._COMPLETED_IS_NULL}"
+            f" OR id IN ({','.join('?' for _ in unfinished_or_in) or 'NULL'}))"
+            " ORDER BY created_seq",
+            (session_id, *unfinished_or_in),
+        ):
+            found.append(AssistantMessage.model_validate_json(data))
+        return found
+
+    def todos(self, session_id: str) -> list[Todo]:
+        """A session's task list as ``todowrite`` last stored it (empty if never)."""
+        rows = self._rows("SELECT data FROM todos WHERE session_id = ?", (session_id,))
+        if not rows:
+            return []
+        return [Todo.model_validate(item) for item in json.loads(rows[0][0])["todos"]]
+
+    def approvals(self, project: str) -> list[Rule]:
+        return [
+            Rule(permission=row[0], pattern=row[1], action="allow")
+            for row in self._rows(
+                "SELECT permission, pattern FROM approvals WHERE project = ? ORDER BY created",
+                (project,),
+            )
+        ]
+
+    def events_after(
+        self, after_seq: int, *, session_ids: Sequence[str] | None = None, limit: int = 1000
+    ) -> list[Event]:
+        if session_ids is None:
+            rows = self._rows(
+                "SELECT seq, ts, type, session_id, data FROM events WHERE seq > ?"
+                " ORDER BY seq LIMIT ?",
+                (after_seq, limit),
+            )
+        else:
+            marks = ",".join("?" for _ in session_ids)
+            rows = self._rows(
+                "SELECT seq, ts, type, session_id, data FROM events"
+                f" WHERE seq > ? AND session_id IN ({marks}) ORDER BY seq LIMIT ?",
+                (after_seq, *session_ids, limit),
+            )
+        return [Event(r[0], r[1], r[2], r[3], json.loads(r[4])) for r in rows]
+
+    def mcp_processes(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """``(session_id, server, data)`` of each MCP server process group recorded and not
+        recorded as ended since: what a harness that died may have left running. ``data``
+        is the ``mcp.process`` event's (its ``process`` identity, and its ``owner``)."""
+        rows = self._rows(
+            "SELECT session_id, type, data FROM events"
+            " WHERE type IN ('mcp.process', 'mcp.exited', 'mcp.failed') ORDER BY seq"
+        )
+        open_groups: dict[str, tuple[str, str, dict[str, Any]]] = {}
+        for session_id, kind, data in rows:
+            payload = json.loads(data)
+            identity = payload.get("process")
+            if not isinstance(identity, dict):
+                continue
+            key = json.dumps(identity, sort_keys=True)
+            if kind == "mcp.process":
+                open_groups[key] = (session_id, str(payload.get("server", "")), payload)
+            else:
+                open_groups.pop(key, None)
+        return list(open_groups.values())
+
+    def last_seq(self) -> int:
+        rows = self._rows("SELECT max(seq) FROM events")
+        value = rows[0][0]
+        return int(value) if value is not None else 0
+
+    # --- file snapshots (harness/snapshots.py) ---------------------------------------------
+
+    def blob(self, digest: str) -> bytes | None:
+        rows = self._rows("SELECT data FROM blobs WHERE hash = ?", (digest,))
+        return zlib.decompress(bytes(rows[0][0])) if rows else None
+
+    def file_changes(self, session_ids: Sequence[str]) -> list[FileChangeRow]:
+        """Every recorded file change of these sessions, in the order they happened."""
+        marks = ",".join("?" for _ in session_ids)
+        rows = self._rows(
+            "SELECT seq, session_id, message_id, call_id, kind, path, before, after, done"
+            f" FROM file_changes WHERE session_id IN ({marks}) ORDER BY seq, path",
+            tuple(session_ids),
+        )
+        return [
+            FileChangeRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], done=bool(r[8]))
+            for r in rows
+        ]
+
+    def message_seq(self, message_id: str) -> tuple[str, int] | None:
+        """A message's session and the seq that orders it (``created_seq``)."""
+        rows = self._rows(
+            "SELECT session_id, created_seq FROM messages WHERE id = ?", (message_id,)
+        )
+        return (str(rows[0][0]), int(rows[0][1])) if rows else None
+
+
+@dataclass(slots=True, frozen=True)
+class FileChangeRow:
+    seq: int
+    session_id: str
+    message_id: str
+    call_id: str
+    kind: str  # "tool" or "revert"
+    path: str
+    before: str | None
+    after: str | None
+    done: bool
+
+

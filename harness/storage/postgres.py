@@ -1,0 +1,759 @@
+"""The PostgreSQL ledger (DESIGN §14): one database that every daemon shares.
+
+Behind the same port as the SQLite ledger (harness/storage/port.py): the same writer
+actor, the same reads and projections. What differs, and why:
+
+- psycopg 3's synchronous connections. Its ``AsyncConnection`` (and asyncpg) fail under
+  Trio, so commits, claims and renewals run in ``trio.to_thread``; the small indexed reads
+  run on the caller's thread, as SQLite's do. LISTEN needs no thread:
+  ``trio.lowlevel.wait_readable`` on the connection's socket.
+- Seqs are global: each append takes one advisory lock and numbers its events after
+  ``max(seq)``, so they are gapless and committed in order across daemons.
+- Committed events reach this daemon's feed in seq order, its own and other daemons'
+  alike (``_tail``): ``NOTIFY`` carries the new seq as a wake-up, the tail reads the
+  events by seq. A batch of its own that follows the last seq it published needs no read.
+- Leases: a session actor claims its session before it runs a turn (``claim``, with
+  ``FOR UPDATE SKIP LOCKED``), the keeper renews every lease held, and each write carries
+  its lease's epoch (``WriteEvents.fence``): an append whose epoch is no longer the
+  session's is refused, so a daemon that lost a session can never write to it.
+- The password never comes from the URL (refused by ``check_dsn``): libpq reads it from
+  ``PGPASSWORD``, ``PGPASSFILE`` or ``~/.pgpass``.
+- A lost connection is re-made with backoff: a commit is retried (sessions wait, nothing
+  is lost) for up to ``RECONNECT_SECONDS``; a read reconnects once, then fails clearly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import socket
+import threading
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import structlog
+import trio
+
+from harness.messages.events import Event
+from harness.messages.mailbox import FeedMessage, Publish, WriteEvents
+from harness.storage.ledger import stored_text
+from harness.storage.pg_schema import PG_MIGRATIONS, PG_SCHEMA_VERSION
+from harness.storage.port import LedgerError, LedgerFenced, LedgerPort
+from harness.storage.projections import PROJECTIONS
+
+if TYPE_CHECKING:
+    import psycopg
+
+log = structlog.get_logger("harness.ledger")
+
+T = TypeVar("T")
+
+RECONNECT_SECONDS = 120.0  # how long a commit waits for the database to come back
+_POLL_SECONDS = 1.0  # the tail reads the log this often even without a NOTIFY
+TAKEOVER_BATCH = 256  # sessions one scan claims at most: the rest go to the next daemon's
+ORPHAN_SCAN_SECONDS = 0.5  # how often a daemon looks for work whose holder stopped renewing
+_PG_SQL: dict[str, str] = {}
+_END = "end"  # what tells the tail that the writer has ended
+
+
+class _Attempt:
+    """One append's progress: its first event (to tell, after a lost connection, whether
+    the commit landed) and its results, complete before the commit."""
+
+    __slots__ = ("first", "result")
+
+    def __init__(self) -> None:
+        self.first: tuple[int, float, str, str] | None = None
+        self.result: list[list[Event] | LedgerFenced] = []
+
+
+def is_postgres_url(ledger: str | None) -> bool:
+    return bool(ledger) and str(ledger).startswith(("postgresql://", "postgres://"))
+
+
+def check_dsn(dsn: str) -> str:
+    """``dsn`` if it is a usable PostgreSQL URL without a password; else ``LedgerError``.
+
+    A password in a URL ends up in shell histories, process lists and logs: it is
+    refused, never stripped silently. libpq reads it from ``PGPASSWORD`` or ``~/.pgpass``.
+    """
+    from psycopg import conninfo
+
+    try:
+        parts = conninfo.conninfo_to_dict(dsn)
+    except Exception as error:  # psycopg.ProgrammingError: not a connection string
+        raise LedgerError(f"not a PostgreSQL URL: {_first_line(error)}") from None
+    if parts.get("password"):
+        raise LedgerError(
+            "the ledger URL holds a password: remove it and give it to libpq through "
+            "PGPASSWORD, PGPASSFILE or ~/.pgpass (a URL is shown in logs and process lists)"
+        )
+    return dsn
+
+
+def describe_dsn(dsn: str) -> str:
+    """The database a URL names, fit for a log line: user, host, port, database."""
+    from psycopg import conninfo
+
+    try:
+        parts = conninfo.conninfo_to_dict(dsn)
+    except Exception:
+        return "postgresql://(unparsable)"
+    user = f"{parts['user']}@" if parts.get("user") else ""
+    host = str(parts.get("host") or "")
+    port = f":{parts['port']}" if parts.get("port") else ""
+    return f"postgresql://{user}{host}{port}/{parts.get('dbname') or ''}"
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _pg(sql: str) -> str:
+    """The port's ``?`` placeholders as psycopg's ``%s`` (the port's SQL has no ``%``)."""
+    converted = _PG_SQL.get(sql)
+    if converted is None:
+        converted = _PG_SQL[sql] = sql.replace("?", "%s")
+    return converted
+
+
+def _lock_key(schema: str, purpose: str) -> int:
+    """An advisory lock key (signed 64 bits) of one schema: tests share a database."""
+    value = zlib.crc32(f"{schema}/{purpose}".encode()) | (zlib.crc32(purpose.encode()) << 32)
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+class PostgresLedger(LedgerPort):
+    """The PostgreSQL backend: a ledger any number of daemons share."""
+
+    cluster = True
+    _COMPLETED_IS_NULL = "(data::json ->> 'completed') IS NULL"
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        lease_seconds: float = 10.0,
+        post_delay: float = 0.002,
+        read_only: bool = False,
+    ) -> None:
+        super().__init__(post_delay=post_delay, read_only=read_only)
+        self.dsn = check_dsn(dsn)
+        self.where = self.location = describe_dsn(dsn)
+        self.lease_seconds = lease_seconds
+        # Who this daemon is in the leases table: unique per process start.
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self._held: dict[str, int] = {}  # session_id -> epoch, the leases this daemon holds
+        # Claims, releases and renewals share one connection from several worker threads:
+        # one transaction at a time on it.
+        self._control_lock = threading.Lock()
+        self._read = self._connect()
+        try:
+            self.schema = str(self._read.execute("SELECT current_schema()").fetchone()[0])  # type: ignore[index]
+            self.channel = f"harness_events_{zlib.crc32(self.schema.encode()):08x}"
+            self._append_key = _lock_key(self.schema, "append")
+            if read_only:
+                self._check_version()
+            else:
+                self._migrate()
+            self._write = self._connect()
+            self._control = self._connect()
+        except BaseException:
+            self._read.close()
+            raise
+        self._tail_send, self._tail_receive = trio.open_memory_channel[
+            list[Event] | str | None
+        ](1024)
+        self._tail_done = trio.Event()
+
+    # --- connections ---------------------------------------------------------------------
+
+    def _connect(self) -> psycopg.Connection[tuple[Any, ...]]:
+        import psycopg
+
+        try:
+            return psycopg.connect(
+                self.dsn, autocommit=True, connect_timeout=10, application_name="harness"
+            )
+        except psycopg.Error as error:
+            raise LedgerError(
+                f"cannot reach the ledger database {self.where}: {_first_line(error)}"
+            ) from None
+
+    def _version(self, conn: psycopg.Connection[tuple[Any, ...]]) -> int:
+        exists = conn.execute("SELECT to_regclass('harness_schema') IS NOT NULL").fetchone()
+        if not exists or not exists[0]:
+            return 0
+        row = conn.execute("SELECT version FROM harness_schema").fetchone()
+        return int(row[0]) if row else 0
+
+    def _check_version(self) -> None:
+        version = self._version(self._read)
+        if version != PG_SCHEMA_VERSION:
+            fix = (
+                "upgrade harness"
+                if version > PG_SCHEMA_VERSION
+                else "run `harness ledger migrate`"
+            )
+            raise LedgerError(
+                f"the ledger database {self.where} has schema version {version} and this "
+                f"harness reads {PG_SCHEMA_VERSION}: {fix}"
+            )
+
+    def _migrate(self) -> int:
+        """Bring the schema up to date, once even when several daemons start together."""
+        conn = self._read
+        import psycopg
+
+        try:
+            with conn.transaction():
+                key = _lock_key(self.schema, "migrate")
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
+                conn.execute("CREATE TABLE IF NOT EXISTS harness_schema (version INTEGER NOT NULL)")
+                version = self._version(conn)
+                if version > PG_SCHEMA_VERSION:
+                    raise LedgerError(
+                        f"the ledger database {self.where} has schema version {version}, newer "
+                        f"than this harness knows ({PG_SCHEMA_VERSION}); upgrade harness"
+                    )
+                for index in range(version, PG_SCHEMA_VERSION):
+                    for statement in PG_MIGRATIONS[index]:
+                        conn.execute(statement)
+                conn.execute("DELETE FROM harness_schema")
+                conn.execute(
+                    "INSERT INTO harness_schema(version) VALUES (%s)", (PG_SCHEMA_VERSION,)
+                )
+        except psycopg.Error as error:
+            raise LedgerError(
+                f"cannot migrate the ledger database {self.where}: {_first_line(error)}"
+            ) from None
+        if version < PG_SCHEMA_VERSION:
+            log.info("ledger migrated", database=self.where, version=PG_SCHEMA_VERSION)
+        return PG_SCHEMA_VERSION - version
+
+    def close(self) -> None:
+        self.close_writer()
+        for name in ("_read", "_write", "_control"):
+            conn = getattr(self, name, None)
+            if conn is not None:
+                conn.close()
+
+    def _retrying(self, name: str, work: Callable[[psycopg.Connection[tuple[Any, ...]]], T]) -> T:
+        """Run ``work`` on connection ``name``, re-made once if the server dropped it."""
+        import psycopg
+
+        with self._control_lock if name == "_control" else contextlib.nullcontext():
+            conn: psycopg.Connection[tuple[Any, ...]] = getattr(self, name)
+            try:
+                return work(conn)
+            except psycopg.OperationalError:
+                if not conn.closed and not conn.broken:
+                    raise
+            setattr(self, name, self._connect())
+            return work(getattr(self, name))
+
+    # --- reading ---------------------------------------------------------------------------
+
+    def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        import psycopg
+
+        try:
+            return self._retrying("_read", lambda conn: conn.execute(_pg(sql), args).fetchall())
+        except psycopg.OperationalError as error:
+            raise LedgerError(
+                f"the ledger database {self.where} cannot be read: {_first_line(error)}"
+            ) from None
+
+    # --- writing ---------------------------------------------------------------------------
+
+    async def _run_commit(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerFenced]:
+        """Commit, waiting out a lost connection with backoff for ``RECONNECT_SECONDS``."""
+        import psycopg
+
+        delay, waited = 0.1, 0.0
+        while True:
+            try:
+                return await trio.to_thread.run_sync(self._commit, batch)
+            except psycopg.OperationalError as error:
+                if waited >= RECONNECT_SECONDS:
+                    raise
+                log.warning(
+                    "ledger database unreachable, retrying",
+                    database=self.where,
+                    error=_first_line(error),
+                    retry_in=delay,
+                )
+                await trio.sleep(delay)
+                waited += delay
+                delay = min(delay * 2, 5.0)
+
+    def _commit(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerFenced]:
+        import psycopg
+
+        conn = self._write
+        if conn.closed or conn.broken:
+            conn = self._write = self._connect_raw()
+        attempt = _Attempt()
+        try:
+            return self._append(conn, batch, attempt)
+        except psycopg.OperationalError:
+            if attempt.first is None or not (conn.closed or conn.broken):
+                raise  # nothing was sent, or the server refused: safe to send again
+        # The connection died around the commit: find out whether it landed before
+        # anything is sent again, so an event is never written twice.
+        conn = self._write = self._connect_raw()
+        seq, ts, session_id, kind = attempt.first
+        row = conn.execute(
+            "SELECT ts, session_id, type FROM events WHERE seq = %s", (seq,)
+        ).fetchone()
+        if row is not None and (float(row[0]), row[1], row[2]) == (ts, session_id, kind):
+            return attempt.result
+        return self._append(conn, batch, _Attempt())
+
+    def _connect_raw(self) -> psycopg.Connection[tuple[Any, ...]]:
+        """A new connection for a worker thread; psycopg's error if the server is away."""
+        import psycopg
+
+        return psycopg.connect(
+            self.dsn, autocommit=True, connect_timeout=10, application_name="harness"
+        )
+
+    def _append(
+        self,
+        conn: psycopg.Connection[tuple[Any, ...]],
+        batch: list[WriteEvents],
+        attempt: _Attempt,
+    ) -> list[list[Event] | LedgerFenced]:
+        now = time.time()
+        out = attempt.result
+
+        def execute(sql: str, args: tuple[Any, ...]) -> object:
+            return conn.execute(_pg(sql), args)
+
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (self._append_key,))
+            refused = self._fenced(conn, batch)
+            digests = [digest for request in batch for digest, _ in request.blobs]
+            known: set[str] = set()
+            if digests:
+                known = {
+                    row[0]
+                    for row in conn.execute(
+                        "SELECT hash FROM blobs WHERE hash = ANY(%s)", (digests,)
+                    ).fetchall()
+                }
+            row = conn.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()
+            seq = int(row[0]) if row else 0
+            with conn.pipeline():
+                for request in batch:
+                    if request.fence is not None and request.fence[0] in refused:
+                        out.append(
+                            LedgerFenced(
+                                f"session {request.fence[0]}: its lease (epoch "
+                                f"{request.fence[1]}) was taken by another daemon"
+                            )
+                        )
+                        continue
+                    for digest, data in request.blobs:
+                        if digest not in known:
+                            known.add(digest)
+                            conn.execute(
+                                "INSERT INTO blobs(hash, size, data) VALUES (%s, %s, %s)"
+                                " ON CONFLICT DO NOTHING",
+                                (digest, len(data), zlib.compress(data, 1)),
+                            )
+                    events: list[Event] = []
+                    for new in request.events:
+                        stored, text = stored_text(new.data)
+                        seq += 1
+                        if attempt.first is None:
+                            attempt.first = (seq, now, new.session_id, new.type)
+                        conn.execute(
+                            "INSERT INTO events(seq, ts, session_id, type, data)"
+                            " VALUES (%s, %s, %s, %s, %s)",
+                            (seq, now, new.session_id, new.type, text),
+                        )
+                        project = PROJECTIONS.get(new.type)
+                        if project is not None:
+                            project(execute, seq, stored, text)
+                        events.append(Event(seq, now, new.type, new.session_id, stored))
+                    out.append(events)
+                if attempt.first is not None:
+                    # Delivered by the server at commit: a wake-up for every daemon's tail.
+                    conn.execute("SELECT pg_notify(%s, %s)", (self.channel, str(seq)))
+        return out
+
+    def _fenced(
+        self, conn: psycopg.Connection[tuple[Any, ...]], batch: list[WriteEvents]
+    ) -> set[str]:
+        """Sessions whose writes in ``batch`` carry an epoch that is no longer theirs.
+
+        The lease rows are share-locked until the commit: a claim cannot slip in between
+        this check and the append (it skips a locked row and tries again later).
+        """
+        fences = {request.fence for request in batch if request.fence is not None}
+        if not fences:
+            return set()
+        rows = conn.execute(
+            "SELECT session_id, owner, epoch FROM leases WHERE session_id = ANY(%s) FOR SHARE",
+            (sorted({session_id for session_id, _ in fences}),),
+        ).fetchall()
+        current = {row[0]: (row[1], int(row[2])) for row in rows}
+        return {
+            session_id
+            for session_id, epoch in fences
+            if current.get(session_id, (self.owner, epoch)) != (self.owner, epoch)
+        }
+
+    async def _published(
+        self, events: list[Event], feed: trio.MemorySendChannel[FeedMessage] | None
+    ) -> None:
+        # In seq order with the other daemons' events: the tail publishes.
+        with contextlib.suppress(trio.BrokenResourceError):  # it ended: shutting down
+            await self._tail_send.send(events)
+
+    # --- the feed across daemons -------------------------------------------------------------
+
+    async def run_writer(
+        self,
+        feed: trio.MemorySendChannel[FeedMessage] | None,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """The writer, with the tail that feeds every daemon's events in seq order, the
+        listener that wakes it, and the keeper of this daemon's leases."""
+        start = self.last_seq()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._tail, feed, start)
+            nursery.start_soon(self._listen)
+            nursery.start_soon(self._keep_leases)
+            try:
+                await LedgerPort.run_writer(self, feed, task_status=task_status)
+            finally:
+                with trio.CancelScope(shield=True):
+                    await self._release_all()
+                    with contextlib.suppress(trio.BrokenResourceError):
+                        await self._tail_send.send(_END)  # the tail publishes the rest, ends
+                    await self._tail_done.wait()
+                nursery.cancel_scope.cancel()
+
+    async def _tail(self, feed: trio.MemorySendChannel[FeedMessage] | None, start: int) -> None:
+        """Publish committed events in seq order: this daemon's batches as they commit,
+        and, at each wake-up (``None``, from the listener or the poll), whatever the
+        other daemons committed, read from the log after the last seq published."""
+        cursor = start
+        try:
+            async with self._tail_receive:
+                while True:
+                    item: list[Event] | str | None = None
+                    with trio.move_on_after(_POLL_SECONDS):
+                        item = await self._tail_receive.receive()
+                    if isinstance(item, list) and item:
+                        last, first = item[-1].seq or 0, item[0].seq or 0
+                        if last <= cursor:
+                            continue  # read from the log already
+                        if first == cursor + 1:
+                            cursor = last  # nothing of another daemon's lies between
+                            await self._publish(feed, item, foreign=False)
+                            continue
+                    cursor = await self._catch_up(feed, cursor)
+                    if item == _END:
+                        return
+        finally:
+            self._tail_done.set()
+
+    async def _catch_up(
+        self, feed: trio.MemorySendChannel[FeedMessage] | None, cursor: int
+    ) -> int:
+        while True:
+            try:
+                events = self.events_after(cursor, limit=1000)
+            except LedgerError as error:
+                log.warning("the feed cannot read the ledger", error=str(error))
+                return cursor
+            if not events:
+                return cursor
+            cursor = events[-1].seq or cursor
+            await self._publish(feed, events, foreign=True)
+
+    async def _publish(
+        self,
+        feed: trio.MemorySendChannel[FeedMessage] | None,
+        events: list[Event],
+        *,
+        foreign: bool,
+    ) -> None:
+        if feed is not None:
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await feed.send(Publish(events))
+        if foreign and self.hooks is not None:
+            for event in events:
+                if event.type == "inbox.added":
+                    self.hooks.wake(event.session_id)
+                elif event.type == "permission.replied" and event.data.get("remote"):
+                    self.hooks.replied(event.data)
+
+    async def _listen(self) -> None:
+        """LISTEN on the channel; every notification wakes the tail. No thread: the
+        connection's socket is waited on by Trio, and read when readable."""
+        import psycopg
+
+        delay = 0.1
+        while True:
+            try:
+                conn = await trio.to_thread.run_sync(self._connect_raw)
+            except psycopg.OperationalError as error:
+                log.warning(
+                    "ledger LISTEN cannot connect", error=_first_line(error), retry_in=delay
+                )
+                await trio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            delay = 0.1
+            try:
+                conn.execute(f'LISTEN "{self.channel}"')
+                self._wake_tail()  # what was committed while we were away
+                pgconn = conn.pgconn
+                while True:
+                    await trio.lowlevel.wait_readable(conn.fileno())
+                    pgconn.consume_input()
+                    woken = False
+                    ours = self._write.pgconn.backend_pid
+                    while (notify := pgconn.notifies()) is not None:
+                        # A commit of this daemon's writer reaches the tail as it is: no
+                        # need to read it back from the log.
+                        woken = woken or notify.be_pid != ours
+                    if woken:
+                        self._wake_tail()
+                    if pgconn.status != 0:  # CONNECTION_OK
+                        raise psycopg.OperationalError("the LISTEN connection was lost")
+            except psycopg.Error as error:
+                log.warning("ledger LISTEN connection lost", error=_first_line(error))
+            finally:
+                conn.close()
+
+    def _wake_tail(self) -> None:
+        # WouldBlock: the tail has wake-ups queued already; Broken: it ended (shutdown).
+        with contextlib.suppress(trio.WouldBlock, trio.BrokenResourceError):
+            self._tail_send.send_nowait(None)
+
+    def open_asks(self, session_id: str | None = None) -> list[dict[str, Any]]:
+        """Asks of turns in flight, neither replied to nor decided (on whichever daemon)."""
+        rows = self._rows(
+            "SELECT a.data FROM events a JOIN turns t ON t.session_id = a.session_id"
+            " WHERE a.type = 'permission.asked' AND a.ts >= t.started"
+            " AND (CAST(? AS TEXT) IS NULL OR a.session_id = ?)"
+            " AND NOT EXISTS (SELECT 1 FROM events r WHERE r.session_id = a.session_id"
+            " AND r.seq > a.seq AND r.type IN ('permission.replied', 'permission.decided')"
+            " AND coalesce(r.data::json ->> 'id', r.data::json ->> 'request_id')"
+            " = a.data::json ->> 'id') ORDER BY a.seq",
+            (session_id, session_id),
+        )
+        return [json.loads(row[0]) for row in rows]
+
+    # --- leases (DESIGN §14) -----------------------------------------------------------------
+
+    def holds(self, session_id: str) -> bool:
+        return session_id in self._held
+
+    def held_epoch(self, session_id: str) -> int | None:
+        return self._held.get(session_id)
+
+    async def claim(self, session_id: str) -> int | None:
+        """Lease the session to this daemon; its epoch, or None while another holds it.
+
+        A lease that lapsed (its holder died or was cut off) is taken with the next
+        epoch, and the change of hands is recorded as ``session.leased``.
+        """
+        try:
+            outcome = await trio.to_thread.run_sync(self._claim_sync, session_id)
+        except LedgerError as error:
+            log.warning("lease claim failed", session_id=session_id, error=str(error))
+            return None
+        if outcome is None:
+            return None
+        epoch, previous = outcome
+        self._held[session_id] = epoch
+        if previous is not None and previous != self.owner:
+            data = {"session_id": session_id, "owner": self.owner, "epoch": epoch, "from": previous}
+            from harness.messages.events import NewEvent
+
+            try:
+                await self.write(
+                    [NewEvent("session.leased", session_id, data)], fence=(session_id, epoch)
+                )
+            except LedgerError:
+                self._held.pop(session_id, None)
+                return None
+            log.info("session taken over", session_id=session_id, epoch=epoch, previous=previous)
+        return epoch
+
+    def _claim_sync(self, session_id: str) -> tuple[int, str | None] | None:
+        import psycopg
+
+        def work(conn: psycopg.Connection[tuple[Any, ...]]) -> tuple[int, str | None] | None:
+            with conn.transaction():
+                conn.execute(
+                    "INSERT INTO leases(session_id, owner, epoch, expires) VALUES (%s, '', 0, 0)"
+                    " ON CONFLICT DO NOTHING",
+                    (session_id,),
+                )
+                row = conn.execute(
+                    "SELECT owner, epoch, expires, extract(epoch FROM clock_timestamp())::float8"
+                    " FROM leases WHERE session_id = %s FOR UPDATE SKIP LOCKED",
+                    (session_id,),
+                ).fetchone()
+                if row is None:
+                    return None  # being claimed or written right now: held
+                owner, epoch, expires, now = str(row[0]), int(row[1]), float(row[2]), float(row[3])
+                if owner != self.owner and expires > now:
+                    return None
+                if owner != self.owner:
+                    epoch += 1
+                conn.execute(
+                    "UPDATE leases SET owner = %s, epoch = %s, expires = %s WHERE session_id = %s",
+                    (self.owner, epoch, now + self.lease_seconds, session_id),
+                )
+                return epoch, (owner or None) if owner != self.owner else None
+
+        try:
+            return self._retrying("_control", work)
+        except psycopg.Error as error:
+            raise LedgerError(f"lease of {session_id}: {_first_line(error)}") from None
+
+    async def release(self, session_id: str) -> None:
+        epoch = self._held.pop(session_id, None)
+        if epoch is None:
+            return
+        try:
+            await trio.to_thread.run_sync(self._release_sync, [(session_id, epoch)])
+        except Exception as error:  # it lapses by itself
+            log.warning("lease release failed", session_id=session_id, error=_first_line(error))
+
+    async def _release_all(self) -> None:
+        held, self._held = list(self._held.items()), {}
+        if held:
+            try:
+                await trio.to_thread.run_sync(self._release_sync, held)
+            except Exception as error:
+                log.warning("lease release failed", error=_first_line(error))
+
+    def _release_sync(self, held: Sequence[tuple[str, int]]) -> None:
+        def work(conn: psycopg.Connection[tuple[Any, ...]]) -> None:
+            conn.execute(
+                "UPDATE leases l SET expires = 0"
+                " FROM unnest(%s::text[], %s::bigint[]) AS h(sid, ep)"
+                " WHERE l.session_id = h.sid AND l.epoch = h.ep AND l.owner = %s",
+                ([s for s, _ in held], [e for _, e in held], self.owner),
+            )
+
+        self._retrying("_control", work)
+
+    async def _keep_leases(self) -> None:
+        """Renew this daemon's leases; report those lost; wake sessions whose holder lapsed."""
+        import psycopg
+
+        renew_every = max(self.lease_seconds / 3, 0.05)
+        # Orphans are looked for more often than leases are renewed: a dead holder's
+        # sessions then wait at most the lease plus this, not the lease plus a renewal.
+        scan_every = min(renew_every, ORPHAN_SCAN_SECONDS)
+        renewed = trio.current_time()
+        while True:
+            await trio.sleep(scan_every)
+            renew = trio.current_time() - renewed >= renew_every - scan_every / 2
+            held = list(self._held.items()) if renew else []
+            if renew:
+                renewed = trio.current_time()
+            try:
+                kept, orphans = await trio.to_thread.run_sync(self._renew_sync, held)
+            except (psycopg.Error, LedgerError) as error:
+                log.warning("lease renewal failed", error=_first_line(error))
+                continue
+            for session_id, epoch in held:
+                if session_id not in kept and self._held.get(session_id) == epoch:
+                    del self._held[session_id]
+                    log.warning("lease lost", session_id=session_id, epoch=epoch)
+                    if self.hooks is not None:
+                        self.hooks.lost(session_id)
+            await self._take_over([s for s in orphans if s not in self._held])
+
+    async def _take_over(self, orphans: list[str]) -> None:
+        """Claim, in one transaction, a batch of sessions whose holder stopped renewing,
+        record each change of hands, and have them run here."""
+        if not orphans or self.hooks is None:
+            return
+        try:
+            taken = await trio.to_thread.run_sync(self._take_over_sync, orphans[:TAKEOVER_BATCH])
+        except Exception as error:
+            log.warning("taking over orphaned sessions failed", error=_first_line(error))
+            return
+        from harness.messages.events import NewEvent
+
+        for session_id, epoch, previous in taken:
+            self._held[session_id] = epoch
+            if previous and previous != self.owner:
+                data = {"session_id": session_id, "owner": self.owner, "epoch": epoch,
+                        "from": previous}  # fmt: skip
+                self.post([NewEvent("session.leased", session_id, data)], fence=(session_id, epoch))
+        if taken:
+            log.info("sessions taken over", count=len(taken))
+        for session_id, _, _ in taken:
+            self.hooks.orphan(session_id)
+
+    def _take_over_sync(self, orphans: list[str]) -> list[tuple[str, int, str]]:
+        def work(conn: psycopg.Connection[tuple[Any, ...]]) -> list[tuple[str, int, str]]:
+            with conn.transaction():
+                conn.execute(
+                    "INSERT INTO leases(session_id, owner, epoch, expires)"
+                    " SELECT unnest(%s::text[]), '', 0, 0 ON CONFLICT DO NOTHING",
+                    (orphans,),
+                )
+                rows = conn.execute(
+                    "SELECT session_id, owner, epoch FROM leases WHERE session_id = ANY(%s)"
+                    " AND expires < extract(epoch FROM clock_timestamp())"
+                    " FOR UPDATE SKIP LOCKED",
+                    (orphans,),
+                ).fetchall()
+                taken = [
+                    (str(s), int(e) if o == self.owner else int(e) + 1, str(o))
+                    for s, o, e in rows
+                ]
+                if taken:
+                    conn.execute(
+                        "UPDATE leases l SET owner = %s, epoch = h.ep,"
+                        " expires = extract(epoch FROM clock_timestamp()) + %s"
+                        " FROM unnest(%s::text[], %s::bigint[]) AS h(sid, ep)"
+                        " WHERE l.session_id = h.sid",
+                        (self.owner, self.lease_seconds, [t[0] for t in taken],
+                         [t[1] for t in taken]),
+                    )  # fmt: skip
+                return taken
+
+        return self._retrying("_control", work)
+
+    def _renew_sync(self, held: Sequence[tuple[str, int]]) -> tuple[set[str], list[str]]:
+        def work(conn: psycopg.Connection[tuple[Any, ...]]) -> tuple[set[str], list[str]]:
+            kept: set[str] = set()
+            if held:
+                rows = conn.execute(
+                    "UPDATE leases l SET expires = extract(epoch FROM clock_timestamp()) + %s"
+                    " FROM unnest(%s::text[], %s::bigint[]) AS h(sid, ep)"
+                    " WHERE l.session_id = h.sid AND l.epoch = h.ep AND l.owner = %s"
+                    " RETURNING l.session_id",
+                    (self.lease_seconds, [s for s, _ in held], [e for _, e in held], self.owner),
+                ).fetchall()
+                kept = {row[0] for row in rows}
+            # Work whose lease lapsed or was never taken: a claimed turn, or input waiting.
+            orphans = conn.execute(
+                "SELECT w.session_id FROM (SELECT session_id FROM turns UNION"
+                " SELECT session_id FROM inbox) w LEFT JOIN leases l ON l.session_id = w.session_id"
+                " WHERE l.session_id IS NULL OR l.expires < extract(epoch FROM clock_timestamp())"
+            ).fetchall()
+            return kept, [row[0] for row in orphans]
+
+        return self._retrying("_control", work)

@@ -1,0 +1,208 @@
+"""The PostgreSQL ledger's own promises (DESIGN §14): global seqs, leases and fences, the
+feed across ledgers, migrations, and the URL rules. Two ``PostgresLedger`` objects on one
+schema play two daemons. Skipped (saying why) without a test database; run under CI."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import psycopg
+import pytest
+import trio
+
+from harness.config import Config, ConfigError
+from harness.messages.events import Event, NewEvent
+from harness.messages.mailbox import FeedMessage, Publish
+from harness.messages.model import Session
+from harness.storage.pg_schema import PG_SCHEMA_VERSION
+from harness.storage.port import ClusterHooks, LedgerError, LedgerFenced
+from harness.storage.postgres import PostgresLedger
+
+
+def _created(session_id: str) -> NewEvent:
+    now = time.time()
+    session = Session(id=session_id, directory="/tmp", model="scripted:x", created=now, updated=now)
+    return NewEvent.of("session.created", session_id, session)
+
+
+def _titled(session_id: str, title: str) -> NewEvent:
+    now = time.time()
+    session = Session(
+        id=session_id, directory="/tmp", model="scripted:x", created=now, updated=now, title=title
+    )
+    return NewEvent.of("session.updated", session_id, session)
+
+
+@asynccontextmanager
+async def daemon(
+    url: str, feed: trio.MemorySendChannel[FeedMessage] | None = None, **options: float
+) -> AsyncIterator[PostgresLedger]:
+    ledger = PostgresLedger(url, post_delay=0, **options)  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(ledger.run_writer, feed)
+        try:
+            yield ledger
+        finally:
+            ledger.close_writer()
+    ledger.close()
+
+
+async def test_seq_is_global_and_gapless_across_ledgers(postgres_schema: str) -> None:
+    async with daemon(postgres_schema) as a, daemon(postgres_schema) as b:
+        await a.write([_created("ses_a")])
+        await b.write([_created("ses_b")])
+
+        async def burst(ledger: PostgresLedger, session_id: str) -> None:
+            for index in range(30):
+                ledger.post([_titled(session_id, f"t{index}")])
+            await ledger.flush()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(burst, a, "ses_a")
+            nursery.start_soon(burst, b, "ses_b")
+        seqs = [e.seq for e in a.events_after(0)]
+        assert seqs == list(range(1, 63))
+        assert {s.id for s in b.sessions()} == {"ses_a", "ses_b"}
+        assert a.session("ses_b") is not None and a.session("ses_b").title == "t29"  # type: ignore[union-attr]
+
+
+async def test_each_feed_sees_every_ledgers_events_in_order_without_duplicates(
+    postgres_schema: str,
+) -> None:
+    send_a, receive_a = trio.open_memory_channel[FeedMessage](1000)
+    send_b, receive_b = trio.open_memory_channel[FeedMessage](1000)
+    async with daemon(postgres_schema, send_a) as a, daemon(postgres_schema, send_b) as b:
+        await a.write([_created("ses_a")])
+        await b.write([_created("ses_b")])
+        for index in range(40):
+            (a if index % 3 else b).post([_titled("ses_a" if index % 2 else "ses_b", f"{index}")])
+        await a.flush()
+        await b.flush()
+        total = a.last_seq()
+
+        async def seen(receive: trio.MemoryReceiveChannel[FeedMessage]) -> list[int | None]:
+            events: list[Event] = []
+            with trio.fail_after(10):
+                while len(events) < total:
+                    message = await receive.receive()
+                    assert isinstance(message, Publish)
+                    events.extend(message.events)
+            return [e.seq for e in events]
+
+        assert total == 42
+        assert await seen(receive_a) == list(range(1, 43))
+        assert await seen(receive_b) == list(range(1, 43))
+
+
+async def test_a_lease_is_exclusive_until_it_lapses_then_taken_with_the_next_epoch(
+    postgres_schema: str,
+) -> None:
+    async with daemon(postgres_schema, lease_seconds=0.6) as a, daemon(
+        postgres_schema, lease_seconds=0.6
+    ) as b:
+        await a.write([_created("ses_a")])
+        epoch = await a.claim("ses_a")
+        assert epoch == 1 and a.holds("ses_a")
+        assert await b.claim("ses_a") is None  # held, and renewed by a's keeper
+        await trio.sleep(1.0)
+        assert await b.claim("ses_a") is None
+        # a stops renewing (its process is as good as dead): b takes over after expiry.
+        a._held.clear()
+        await trio.sleep(0.8)
+        taken = await b.claim("ses_a")
+        assert taken == 2
+        leased = [e for e in b.events_after(0) if e.type == "session.leased"]
+        assert [(e.data["owner"], e.data["epoch"], e.data["from"]) for e in leased] == [
+            (b.owner, 2, a.owner)
+        ]
+        # The fence: a's writes with its old epoch are refused and change nothing.
+        with pytest.raises(LedgerFenced, match="taken by another daemon"):
+            await a.write([_titled("ses_a", "stale")], fence=("ses_a", 1))
+        a.post([_titled("ses_a", "stale post")], fence=("ses_a", 1))
+        await a.flush()
+        assert a.session("ses_a").title == ""  # type: ignore[union-attr]
+        await b.write([_titled("ses_a", "fresh")], fence=("ses_a", 2))
+        assert a.session("ses_a").title == "fresh"  # type: ignore[union-attr]
+        # Given back at turn end: anyone may claim it at once.
+        await b.release("ses_a")
+        assert await a.claim("ses_a") == 3
+
+
+async def test_the_keeper_reports_a_lost_lease_and_wakes_orphaned_work(
+    postgres_schema: str,
+) -> None:
+    lost: list[str] = []
+    woken: list[str] = []
+    async with daemon(postgres_schema, lease_seconds=0.3) as a, daemon(
+        postgres_schema, lease_seconds=0.3
+    ) as b:
+        b.hooks = ClusterHooks(wake=woken.append, lost=lost.append)
+        await a.write([_created("ses_a")])
+        assert await b.claim("ses_a") == 1
+        # Another owner stole it in the database (as after b's partition): b hears of it.
+        with psycopg.connect(postgres_schema, autocommit=True) as conn:
+            conn.execute("UPDATE leases SET owner = 'elsewhere', epoch = 9")
+        with trio.fail_after(5):
+            while not lost:
+                await trio.sleep(0.05)
+        assert lost == ["ses_a"] and not b.holds("ses_a")
+        # Input nobody runs is work for any daemon, once its lease lapsed.
+        item = {"id": "msg_1", "session_id": "ses_a", "text": "hi", "delivery": "queue",
+                "created": 1.0}  # fmt: skip
+        await a.write([NewEvent("inbox.added", "ses_a", item)])
+        with trio.fail_after(5):
+            while "ses_a" not in woken:
+                await trio.sleep(0.05)
+
+
+async def test_the_schema_is_migrated_once_and_a_newer_one_refused(postgres_schema: str) -> None:
+    PostgresLedger(postgres_schema).close()
+    PostgresLedger(postgres_schema).close()
+    with psycopg.connect(postgres_schema, autocommit=True) as conn:
+        assert conn.execute("SELECT version FROM harness_schema").fetchall() == [
+            (PG_SCHEMA_VERSION,)
+        ]
+        conn.execute("UPDATE harness_schema SET version = version + 1")
+    with pytest.raises(LedgerError, match="newer than this harness knows"):
+        PostgresLedger(postgres_schema)
+    with pytest.raises(LedgerError, match="schema version"):
+        PostgresLedger(postgres_schema, read_only=True)
+
+
+def test_an_unreachable_database_is_one_clear_error() -> None:
+    url = "postgresql://nobody@/harness?host=/nonexistent-dir&port=1"
+    with pytest.raises(LedgerError, match=r"cannot reach the ledger database postgresql://"):
+        PostgresLedger(url)
+
+
+def test_a_url_with_a_password_is_refused_and_never_echoed() -> None:
+    for url in ("postgresql://u:s3cret@db/h", "postgresql://u@db/h?password=s3cret"):
+        with pytest.raises(ConfigError, match="PGPASSWORD") as caught:
+            Config(ledger=url)
+        assert "s3cret" not in str(caught.value)
+        with pytest.raises(LedgerError, match="PGPASSWORD") as refused:
+            PostgresLedger(url)
+        assert "s3cret" not in str(refused.value)
+    with pytest.raises(ConfigError, match="postgresql:// URL"):
+        Config(ledger="/some/file.db")
+
+
+async def test_a_dropped_connection_is_made_again_and_nothing_is_lost(
+    postgres_schema: str,
+) -> None:
+    async with daemon(postgres_schema) as ledger:
+        await ledger.write([_created("ses_a")])
+        # The server drops every connection of this ledger (a restart, a failover).
+        with psycopg.connect(postgres_schema, autocommit=True) as conn:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = 'harness' AND pid <> pg_backend_pid()"
+            )
+        await ledger.write([_titled("ses_a", "after the drop")])
+        ledger.post([_titled("ses_a", "posted after the drop")])
+        await ledger.flush()
+        assert ledger.session("ses_a").title == "posted after the drop"  # type: ignore[union-attr]
+        assert await ledger.claim("ses_a") == 1
+        assert [e.seq for e in ledger.events_after(0)] == [1, 2, 3]
