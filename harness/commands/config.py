@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.commands.base import UsageError
+from harness.terminal_text import visible
 
 
 def register(commands: Any) -> None:
@@ -33,7 +34,8 @@ def _config(args: argparse.Namespace) -> int:
         return 0
     width = max(len(key) for key in settings.sources)
     for key, source in sorted(settings.sources.items()):
-        print(f"{key:<{width}}  {json.dumps(_value(settings.values, key))}  ({source})")
+        line = f"{key:<{width}}  {json.dumps(_value(settings.values, key))}  ({source})"
+        print(visible(line, one_line=True))  # a key or a file's path may hold anything
     return 0
 
 
