@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from harness.server import DaemonRunning, serve
     from harness.snapshots import RevertConflict, RevertResult, SessionBusy, SnapshotError
     from harness.storage.ledger import LedgerError
+    from harness.terminal_text import printable, printable_data
     from harness.tools.base import ToolContext
     from harness.tools.python_tool import ToolDefinitionError, tool
     from harness.trace import render_trace
@@ -100,6 +101,8 @@ __all__ = [
     "open_private",
     "open_reader",
     "parse_rule_flag",
+    "printable",
+    "printable_data",
     "private_dir",
     "probe_mcp_servers",
     "project_catalog",
@@ -163,6 +166,9 @@ _WHERE = {
     "has_secrets": ("harness.secrets", "has_secrets"),
     "redact": ("harness.secrets", "redact"),
     "render_trace": ("harness.trace", "render_trace"),
+    # Model, tool and file text made safe for a terminal (the CLI prints it through these).
+    "printable": ("harness.terminal_text", "printable"),
+    "printable_data": ("harness.terminal_text", "printable_data"),
     # Python tools (DESIGN §12): ``@harness.tool`` and the context a tool may ask for.
     "tool": ("harness.tools.python_tool", "tool"),
     "ToolContext": ("harness.tools.base", "ToolContext"),

@@ -161,9 +161,9 @@ def _exit_code_for(error: BaseException) -> int:
 
 def _say(message: object) -> None:
     """An error's words on stderr; they may quote a file or a reply: shown, never obeyed."""
-    from harness.terminal_text import visible
+    from harness import printable
 
-    print(f"harness: {visible(str(message))}", file=sys.stderr)
+    print(f"harness: {printable(str(message))}", file=sys.stderr)
 
 
 def _storage_failure(error: BaseException) -> str | None:

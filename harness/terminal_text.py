@@ -37,7 +37,7 @@ def _shown(match: re.Match[str]) -> str:
     return f"<U+{code:04X}>"
 
 
-def visible(text: str, *, one_line: bool = False) -> str:
+def printable(text: str, *, one_line: bool = False) -> str:
     """``text`` with every character a terminal would obey shown as text instead.
 
     ``one_line``: newlines and tabs are shown too (``^J``, ``^I``), for a field printed
@@ -48,15 +48,15 @@ def visible(text: str, *, one_line: bool = False) -> str:
     return pattern.sub(_shown, text) if pattern.search(text) else text
 
 
-def visible_data(value: Any) -> Any:
-    """``visible`` over a JSON-like value: every string in it, however deep (keys too)."""
+def printable_data(value: Any) -> Any:
+    """``printable`` over a JSON-like value: every string in it, however deep (keys too)."""
     if isinstance(value, str):
-        return visible(value)
+        return printable(value)
     if isinstance(value, dict):
         return {
-            visible(key) if isinstance(key, str) else key: visible_data(item)
+            printable(key) if isinstance(key, str) else key: printable_data(item)
             for key, item in value.items()
         }
     if isinstance(value, list):
-        return [visible_data(item) for item in value]
+        return [printable_data(item) for item in value]
     return value

@@ -20,7 +20,7 @@ from harness.messages.model import (
     ToolRunning,
 )
 from harness.storage.ledger import Ledger
-from harness.terminal_text import visible
+from harness.terminal_text import printable
 
 
 def build_trace(ledger: Ledger, session_id: str) -> dict[str, Any]:
@@ -141,7 +141,7 @@ def _render_session(
 ) -> None:
     # A title (a child's is the model's task description) and a tool's title and error are
     # the model's words: shown, never obeyed (harness/terminal_text.py).
-    title = visible(str(node["title"]), one_line=True)
+    title = printable(str(node["title"]), one_line=True)
     label = f"{node['session_id']} (child)" if child else f'{node["session_id"]}  "{title}"'
     width = max(8, 52 - len(first))
     tree = ""
@@ -170,7 +170,7 @@ def _render_session(
 def _step_rows(step: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]]]]:
     head = f"step {step['step']}"
     if not step["tools"]:
-        error = visible(str(step["error"]), one_line=True)
+        error = printable(str(step["error"]), one_line=True)
         what = "answer" if step["text"] else (f"error: {error}" if step["error"] else "—")
         return [(f"{head:<8} {what}", step["children"])]
     rows = []
@@ -179,9 +179,9 @@ def _step_rows(step: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]]]]:
         note = f"   (asked: {asked[-1]['reply']})" if asked else ""
         if tool["status"] == "error":
             first = (str(tool["error"]).splitlines() or [""])[0]
-            note += f"   ✗ {visible(first[:60], one_line=True)}"
+            note += f"   ✗ {printable(first[:60], one_line=True)}"
         duration = f"{tool['duration']:.2f} s" if tool["duration"] is not None else ""
-        title = visible(str(tool["title"])[:34], one_line=True)
+        title = printable(str(tool["title"])[:34], one_line=True)
         rows.append((f"{head:<8} {title:<34} {duration:>8}{note}", tool["children"]))
     rows[-1] = (rows[-1][0], rows[-1][1] + step["children"])
     return rows

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from harness import printable
 from harness.commands.base import UsageError
-from harness.terminal_text import visible
 
 
 def register(commands: Any) -> None:
@@ -35,7 +35,7 @@ def _config(args: argparse.Namespace) -> int:
     width = max(len(key) for key in settings.sources)
     for key, source in sorted(settings.sources.items()):
         line = f"{key:<{width}}  {json.dumps(_value(settings.values, key))}  ({source})"
-        print(visible(line, one_line=True))  # a key or a file's path may hold anything
+        print(printable(line, one_line=True))  # a key or a file's path may hold anything
     return 0
 
 

@@ -7,8 +7,8 @@ import json
 import sys
 from typing import Any
 
+from harness import printable
 from harness.commands.base import EXIT_OK, UsageError, from_daemon, reader, usage_on
-from harness.terminal_text import visible
 
 
 def register(commands: Any) -> None:
@@ -39,7 +39,7 @@ def _diff(args: argparse.Namespace) -> int:
     elif answer["diff"]:
         # The files' contents are the model's: shown, never obeyed, on a terminal; piped
         # (``harness diff S > fix.patch``) the diff stays byte for byte what applies.
-        shown = answer["diff"] if not sys.stdout.isatty() else visible(answer["diff"])
+        shown = answer["diff"] if not sys.stdout.isatty() else printable(answer["diff"])
         sys.stdout.write(shown)
     else:
         print("no file changes", file=sys.stderr)

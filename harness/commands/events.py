@@ -7,8 +7,8 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
+from harness import printable
 from harness.commands.base import EXIT_CANCELLED, EXIT_OK, require_daemon
-from harness.terminal_text import visible
 
 if TYPE_CHECKING:
     from harness.client import WireEvent
@@ -40,4 +40,4 @@ def _event_line(event: WireEvent) -> str:
     # ensure_ascii=False keeps C1 controls and bidi overrides as they are: shown here.
     data = json.dumps(event.data, ensure_ascii=False)
     line = f"{seq:>7} {when} {event.session_id} {event.type:18} {data[:120]}"
-    return visible(line, one_line=True)
+    return printable(line, one_line=True)

@@ -16,9 +16,9 @@ import sys
 from collections.abc import AsyncIterable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
+from harness import printable
 from harness.commands.base import EXIT_CANCELLED, EXIT_ERROR
 from harness.commands.display import Display, ask_at_terminal, parse_answer
-from harness.terminal_text import visible
 
 if TYPE_CHECKING:
     from harness import Event, Harness
@@ -120,7 +120,7 @@ class TurnFollower:
             if not self._view.json:
                 hint = no_terminal_hint(data["permission"], data["always"])
                 line = f"✗ {data['tool']}: the call was rejected: {hint}"
-                print(visible(line, one_line=True), file=sys.stderr)
+                print(printable(line, one_line=True), file=sys.stderr)
         self._replies.reply_permission(data["id"], reply, message, no_terminal=no_terminal)
 
     def _answer_question(self, event: Event | WireEvent) -> None:

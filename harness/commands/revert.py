@@ -7,8 +7,8 @@ import argparse
 import json
 from typing import TYPE_CHECKING, Any
 
+from harness import printable
 from harness.commands.base import EXIT_OK, UsageError, client, error_line
-from harness.terminal_text import visible
 
 if TYPE_CHECKING:
     from harness import RevertResult
@@ -52,7 +52,7 @@ def _revert(args: argparse.Namespace) -> int:
     files = [f for f in result["files"] if f["action"] != "unchanged"]
     print(f"reverted {args.session} to before {args.to}: {len(files)} file(s) changed")
     for file in files:
-        print(visible(f"  {file['action']:9} {file['shown']}", one_line=True))
+        print(printable(f"  {file['action']:9} {file['shown']}", one_line=True))
     return EXIT_OK
 
 

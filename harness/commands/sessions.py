@@ -7,8 +7,8 @@ import json
 import time
 from typing import Any
 
+from harness import printable
 from harness.commands.base import EXIT_OK, from_daemon, reader
-from harness.terminal_text import visible
 
 
 def register(commands: Any) -> None:
@@ -32,5 +32,5 @@ def _sessions(args: argparse.Namespace) -> int:
             f"{s['id']:36} {s['status']:6} {s['model'][-32:]:32} {tokens:>8} "
             f"{s.get('cost', 0.0):>8.4f}  {updated}  {s.get('title', '')}"
         )
-        print(visible(line, one_line=True))  # a title is the user's or the model's words
+        print(printable(line, one_line=True))  # a title is the user's or the model's words
     return EXIT_OK

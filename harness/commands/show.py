@@ -7,8 +7,8 @@ import argparse
 import json
 from typing import Any
 
+from harness import printable
 from harness.commands.base import EXIT_OK, UsageError, from_daemon, reader, usage_on
-from harness.terminal_text import visible
 
 
 def register(commands: Any) -> None:
@@ -45,7 +45,7 @@ def _show(args: argparse.Namespace) -> int:
         return EXIT_OK
     # Everything below came from the model, its tools or its files: shown, never obeyed.
     head = f"{session['id']}  {session['status']}  {session['model']}  {session['directory']}"
-    print(visible(head, one_line=True))
+    print(printable(head, one_line=True))
     for entry in transcript:
         info = entry["info"]
         label = info["role"] if info["role"] == "user" else f"assistant (step {info.get('step')})"
@@ -53,7 +53,7 @@ def _show(args: argparse.Namespace) -> int:
         for part in entry["parts"]:
             _print_part(part)
         if info["role"] == "assistant" and info.get("error"):
-            print(f"[error: {visible(str(info['error']))}]")
+            print(f"[error: {printable(str(info['error']))}]")
     if todos:
         from harness.commands.display import todo_lines
 
@@ -63,19 +63,19 @@ def _show(args: argparse.Namespace) -> int:
 
 def _print_part(part: dict[str, Any]) -> None:
     if part["type"] == "text":
-        print(visible(part["text"]))
+        print(printable(part["text"]))
     elif part["type"] == "tool":
         state = part["state"]
         detail = state.get("output") or state.get("error") or ""
         # json.dumps escapes every control character (ensure_ascii, its default).
-        tool = visible(str(part["tool"]), one_line=True)
+        tool = printable(str(part["tool"]), one_line=True)
         print(f"[{tool} {state['status']}] {json.dumps(state.get('input', {}))}")
         if detail:
-            print("  " + "\n  ".join(visible(line) for line in str(detail).splitlines()[:20]))
+            print("  " + "\n  ".join(printable(line) for line in str(detail).splitlines()[:20]))
     elif part["type"] == "patch":
         changed = ", ".join(f"{f['path']} +{f['added']} -{f['removed']}" for f in part["files"])
-        print(f"[patch] {visible(changed, one_line=True)}")
+        print(f"[patch] {printable(changed, one_line=True)}")
     elif part["type"] == "step-finish":
         tokens = sum(part.get("tokens", {}).values())
-        reason = visible(str(part["reason"]), one_line=True)
+        reason = printable(str(part["reason"]), one_line=True)
         print(f"[finish: {reason}; {tokens} tokens; ${part.get('cost', 0.0):.4f}]")

@@ -15,15 +15,15 @@ import os
 import re
 from typing import Any
 
+from harness import printable, printable_data
 from harness.commands.display import tool_summary
-from harness.terminal_text import visible, visible_data
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the styles rich writes
 
 # What the model, a tool or a file wrote is shown, never obeyed: one helper for every
 # command that prints such text (harness/terminal_text.py).
-clean = visible
-clean_data = visible_data
+clean = printable
+clean_data = printable_data
 
 
 def wants_plain(term: str | None = None, no_color: str | None = None, tty: bool = True) -> bool:
