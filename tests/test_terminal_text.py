@@ -278,3 +278,43 @@ def test_the_ask_prompt_at_a_terminal_shows_the_hidden_command(
     _assert_inert(screen)
     assert "^[[2K^[[1G^Mls <U+202E>~ fr- mr<U+202C>" in screen, screen
     assert "? bash wants 'rm -rf " in screen
+
+
+def test_config_values_and_a_bad_files_error_are_shown_as_text(
+    tmp_path: Path, project: Path
+) -> None:
+    settings = project / ".harness" / "config.toml"
+    settings.parent.mkdir()
+    # A checked-in file is as hostile as the model: TOML escapes make the raw characters.
+    settings.write_text('[permission]\nbash = { "rm \\u001b[2J\\u202e*" = "allow" }\n')
+    shown = _harness(tmp_path, "config", "--dir", str(project))
+    assert shown.returncode == 0, shown.stderr
+    _assert_inert(shown.stdout)
+    assert "permission.bash.rm ^[[2J<U+202E>*" in shown.stdout
+    as_json = json.loads(_harness(tmp_path, "config", "--json", "--dir", str(project)).stdout)
+    assert as_json["config"]["permission"]["bash"] == {"rm \x1b[2J\u202e*": "allow"}
+    settings.write_text('[mcp."evil\\u001b]0;pwned\\u0007"]\ncommand = ["true"]\n')
+    bad = _harness(tmp_path, "config", "--dir", str(project))
+    assert bad.returncode == 1
+    _assert_inert(bad.stderr)
+    assert "mcp.evil^[]0;pwned^G" in bad.stderr
+
+
+def test_diff_is_shown_on_a_terminal_and_exact_in_a_pipe(tmp_path: Path, project: Path) -> None:
+    hostile = "title \x1b]0;pwned\x07 \x1b[2J\x9b ok\n"
+    script = tmp_path / "script.json"
+    write = {"name": "write", "arguments": {"path": "evil.txt", "content": hostile}}
+    script.write_text(json.dumps([{"tool_calls": [write]}, {"text": "written"}]))
+    model = f"scripted:{script}"
+    run = _harness(tmp_path, "run", "--yes", "--model", model, "--dir", str(project), "go")
+    assert run.returncode == 0, run.stderr
+    session = json.loads(_harness(tmp_path, "sessions", "--json").stdout)[0]["id"]
+    piped = _harness(tmp_path, "diff", session)
+    assert "+" + hostile in piped.stdout  # byte for byte: `harness diff S > fix.patch` applies
+    argv = [*HARNESS[1:], "diff", session]
+    child = pexpect.spawn(HARNESS[0], argv, env=_env(tmp_path), encoding="utf-8", timeout=30)
+    child.expect(pexpect.EOF)
+    child.close()
+    screen = str(child.before).replace("\r\n", "\n")
+    _assert_inert(screen)
+    assert "+title ^[]0;pwned^G ^[[2J\ufffd ok" in screen
