@@ -318,3 +318,14 @@ def test_diff_is_shown_on_a_terminal_and_exact_in_a_pipe(tmp_path: Path, project
     screen = str(child.before).replace("\r\n", "\n")
     _assert_inert(screen)
     assert "+title ^[]0;pwned^G ^[[2J\ufffd ok" in screen
+
+
+def test_an_events_line_shows_the_payload_as_text() -> None:
+    from harness.commands.events import _event_line
+
+    hostile = "".join(p for _, p, _ in PAYLOADS)
+    line = _event_line(_wire("part.delta", {"delta": hostile[:40] + "\n" + hostile[-60:]}))
+    assert "\n" not in line
+    _assert_inert(line)
+    assert '"delta": "\\u001b[2J' in line  # JSON's own escapes where JSON makes them
+    assert "<U+202E>" in _event_line(_wire("part.delta", {"delta": "ls \u202e~"}))
