@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from harness.snapshots import RevertConflict, RevertResult, SessionBusy, SnapshotError
     from harness.storage.backend import open_ledger
     from harness.storage.ledger import LedgerError
+    from harness.terminal_text import printable, printable_data
     from harness.tools.base import ToolContext
     from harness.tools.python_tool import ToolDefinitionError, tool
     from harness.trace import render_trace
@@ -102,6 +103,8 @@ __all__ = [
     "open_private",
     "open_reader",
     "parse_rule_flag",
+    "printable",
+    "printable_data",
     "private_dir",
     "probe_mcp_servers",
     "project_catalog",
@@ -166,6 +169,9 @@ _WHERE = {
     "has_secrets": ("harness.secrets", "has_secrets"),
     "redact": ("harness.secrets", "redact"),
     "render_trace": ("harness.trace", "render_trace"),
+    # Model, tool and file text made safe for a terminal (the CLI prints it through these).
+    "printable": ("harness.terminal_text", "printable"),
+    "printable_data": ("harness.terminal_text", "printable_data"),
     # Python tools (DESIGN §12): ``@harness.tool`` and the context a tool may ask for.
     "tool": ("harness.tools.python_tool", "tool"),
     "ToolContext": ("harness.tools.base", "ToolContext"),

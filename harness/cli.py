@@ -114,27 +114,27 @@ def _exit_code_for(error: BaseException) -> int:
     if isinstance(first, SystemExit) and len(found) == 1:
         return int(first.code or 0) if not isinstance(first.code, str) else EXIT_ERROR
     if isinstance(first, UsageError):
-        print(f"harness: {first}", file=sys.stderr)
+        _say(first)
         return EXIT_USAGE
     from harness import ConfigError, ConfigFileError
 
     if isinstance(first, ConfigFileError):  # a file's fault, not the command line's
-        print(f"harness: {first}", file=sys.stderr)
+        _say(first)
         return EXIT_ERROR
     if isinstance(first, ConfigError):
-        print(f"harness: {first}", file=sys.stderr)
+        _say(first)
         return EXIT_USAGE
     from harness.client import ApiError, DaemonUnavailable
 
     if isinstance(first, ApiError):
-        print(f"harness: {first.message}", file=sys.stderr)
+        _say(first.message)
         return EXIT_USAGE if first.status in (400, 404, 422) else EXIT_ERROR
     if isinstance(first, DaemonUnavailable):
-        print(f"harness: {first}", file=sys.stderr)
+        _say(first)
         return EXIT_ERROR
     storage = _storage_failure(first)
     if storage is not None:
-        print(f"harness: {storage}", file=sys.stderr)
+        _say(storage)
         return EXIT_ERROR
     if isinstance(first, KeyboardInterrupt):
         return EXIT_CANCELLED
@@ -156,11 +156,15 @@ def _exit_code_for(error: BaseException) -> int:
         where = f"details in {crash}"
     except OSError as unwritable:
         where = f"no details: {crash} cannot be written: {unwritable.strerror or unwritable}"
-    print(
-        redact(f"harness: internal error: {type(first).__name__}: {first} ({where})"),
-        file=sys.stderr,
-    )
+    _say(redact(f"internal error: {type(first).__name__}: {first} ({where})"))
     return EXIT_ERROR
+
+
+def _say(message: object) -> None:
+    """An error's words on stderr; they may quote a file or a reply: shown, never obeyed."""
+    from harness import printable
+
+    print(f"harness: {printable(str(message))}", file=sys.stderr)
 
 
 def _storage_failure(error: BaseException) -> str | None:

@@ -20,6 +20,7 @@ from harness.messages.model import (
     ToolRunning,
 )
 from harness.storage.port import LedgerPort
+from harness.terminal_text import printable
 
 
 def build_trace(ledger: LedgerPort, session_id: str) -> dict[str, Any]:
@@ -138,7 +139,10 @@ def render_trace(node: dict[str, Any]) -> str:
 def _render_session(
     node: dict[str, Any], first: str, indent: str, lines: list[str], *, child: bool
 ) -> None:
-    label = f"{node['session_id']} (child)" if child else f'{node["session_id"]}  "{node["title"]}"'
+    # A title (a child's is the model's task description) and a tool's title and error are
+    # the model's words: shown, never obeyed (harness/terminal_text.py).
+    title = printable(str(node["title"]), one_line=True)
+    label = f"{node['session_id']} (child)" if child else f'{node["session_id"]}  "{title}"'
     width = max(8, 52 - len(first))
     tree = ""
     if not child and node["tree_tokens"] != node["tokens"]:
@@ -166,15 +170,18 @@ def _render_session(
 def _step_rows(step: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]]]]:
     head = f"step {step['step']}"
     if not step["tools"]:
-        what = "answer" if step["text"] else (f"error: {step['error']}" if step["error"] else "—")
+        error = printable(str(step["error"]), one_line=True)
+        what = "answer" if step["text"] else (f"error: {error}" if step["error"] else "—")
         return [(f"{head:<8} {what}", step["children"])]
     rows = []
     for tool in step["tools"]:
         asked = [p for p in tool["permissions"] if p["source"] == "reply"]
         note = f"   (asked: {asked[-1]['reply']})" if asked else ""
         if tool["status"] == "error":
-            note += f"   ✗ {str(tool['error']).splitlines()[0][:60]}"
+            first = (str(tool["error"]).splitlines() or [""])[0]
+            note += f"   ✗ {printable(first[:60], one_line=True)}"
         duration = f"{tool['duration']:.2f} s" if tool["duration"] is not None else ""
-        rows.append((f"{head:<8} {tool['title'][:34]:<34} {duration:>8}{note}", tool["children"]))
+        title = printable(str(tool["title"])[:34], one_line=True)
+        rows.append((f"{head:<8} {title:<34} {duration:>8}{note}", tool["children"]))
     rows[-1] = (rows[-1][0], rows[-1][1] + step["children"])
     return rows

@@ -118,7 +118,9 @@ def print_result(as_json: bool, body: dict[str, Any], text: str) -> int:
 def error_line(message: str) -> int:
     """A failure that is not a usage error (busy, a conflict): the same command may work
     later."""
-    print(f"harness: {message}", file=sys.stderr)
+    from harness import printable
+
+    print(f"harness: {printable(message)}", file=sys.stderr)  # it may quote a reply
     return EXIT_ERROR
 
 

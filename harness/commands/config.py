@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from harness import printable
 from harness.commands.base import UsageError
 
 
@@ -33,7 +34,8 @@ def _config(args: argparse.Namespace) -> int:
         return 0
     width = max(len(key) for key in settings.sources)
     for key, source in sorted(settings.sources.items()):
-        print(f"{key:<{width}}  {json.dumps(_value(settings.values, key))}  ({source})")
+        line = f"{key:<{width}}  {json.dumps(_value(settings.values, key))}  ({source})"
+        print(printable(line, one_line=True))  # a key or a file's path may hold anything
     return 0
 
 

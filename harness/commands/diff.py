@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from harness import printable
 from harness.commands.base import EXIT_OK, UsageError, from_daemon, reader, usage_on
 
 
@@ -36,7 +37,10 @@ def _diff(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(answer, indent=2))
     elif answer["diff"]:
-        sys.stdout.write(answer["diff"])
+        # The files' contents are the model's: shown, never obeyed, on a terminal; piped
+        # (``harness diff S > fix.patch``) the diff stays byte for byte what applies.
+        shown = answer["diff"] if not sys.stdout.isatty() else printable(answer["diff"])
+        sys.stdout.write(shown)
     else:
         print("no file changes", file=sys.stderr)
     return EXIT_OK

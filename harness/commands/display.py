@@ -9,6 +9,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
+from harness import printable
 from harness.commands.base import EXIT_BY_REASON, EXIT_ERROR, UsageError
 
 if TYPE_CHECKING:
@@ -17,7 +18,11 @@ if TYPE_CHECKING:
 
 
 class Display:
-    """How a run looks, embedded or through the daemon: steps on stderr, answer on stdout."""
+    """How a run looks, embedded or through the daemon: steps on stderr, answer on stdout.
+
+    Every string an event carries came from the model, a tool, a file or an MCP server:
+    it is printed through ``printable`` (never raw) except in ``--json`` mode.
+    """
 
     def __init__(self, session_id: str, *, json_mode: bool) -> None:
         self.session_id = session_id
@@ -29,23 +34,27 @@ class Display:
         if event.type == "sandbox.unavailable" and not self._sandbox_noticed:
             # On stderr even with --json: the one line that says commands ran unsandboxed.
             self._sandbox_noticed = True
-            print(f"harness: {event.data.get('notice')}", file=self._err, flush=True)
+            notice = printable(str(event.data.get("notice")))
+            print(f"harness: {notice}", file=self._err, flush=True)
         if self.json:
             print(event.to_json(), flush=True)
             return
         data = event.data
         if event.type == "part.updated" and data.get("type") == "tool":
             state = data["state"]
-            tool = data["tool"]
+            tool = printable(str(data["tool"]), one_line=True)
             if state["status"] == "running":
-                print(f"→ {state.get('title') or tool}", file=self._err, flush=True)
+                title = printable(str(state.get("title") or ""), one_line=True) or tool
+                print(f"→ {title}", file=self._err, flush=True)
             elif state["status"] == "completed":
                 print(f"✓ {tool} ({tool_summary(state)})", file=self._err, flush=True)
             elif state["status"] == "error":
                 first = str(state.get("error", "")).splitlines()[0:1]
-                print(f"✗ {tool}: {first[0] if first else 'error'}", file=self._err, flush=True)
+                line = printable(first[0], one_line=True) if first else "error"
+                print(f"✗ {tool}: {line}", file=self._err, flush=True)
         elif event.type == "step.request":
-            print(json.dumps(data, indent=2, ensure_ascii=False), file=self._err, flush=True)
+            shown = printable(json.dumps(data, indent=2, ensure_ascii=False))
+            print(shown, file=self._err, flush=True)
         elif event.type == "todo.updated":
             print(todo_lines(data.get("todos") or [], indent="  "), file=self._err, flush=True)
         elif event.type in ("mcp.failed", "mcp.exited", "mcp.warning"):
@@ -58,12 +67,15 @@ class Display:
                 if data.get("shared")
                 else f"provider error, retry {data.get('attempt')}"
             )
-            print(f"… {what} in {wait:.0f}s: {data.get('error')}", file=self._err, flush=True)
+            error = printable(str(data.get("error")), one_line=True)
+            print(f"… {what} in {wait:.0f}s: {error}", file=self._err, flush=True)
 
     def finish(self, event: Event | WireEvent) -> int:
         reason = event.data["reason"]
-        answer = event.data.get("answer") or ""
+        answer = printable(str(event.data.get("answer") or ""))
         error = event.data.get("error")
+        if error is not None:
+            error = printable(str(error))
         if not self.json:
             if answer:
                 print(answer, flush=True)
@@ -77,21 +89,27 @@ class Display:
     def question(self, event: Event | WireEvent) -> str:
         data = event.data
         child = event.session_id != self.session_id
+        # The command line above all: a ``\r``, a cursor move or a bidi override in it could
+        # make ``rm -rf ~`` read ``ls`` in the very line the user answers.
+        permission = printable(str(data["permission"]), one_line=True)
+        pattern = printable(str(data["pattern"]), one_line=True)
+        always = printable(str(data["always"]), one_line=True)
         return (
-            f"\n? {data['permission']} wants '{data['pattern']}'"
-            f"{' (session ' + event.session_id + ')' if child else ''}"
-            f"\n  [o]nce  [a]lways ({data['always']})  [r]eject  — or type feedback to reject: "
+            f"\n? {permission} wants '{pattern}'"
+            f"{' (session ' + printable(event.session_id, one_line=True) + ')' if child else ''}"
+            f"\n  [o]nce  [a]lways ({always})  [r]eject  — or type feedback to reject: "
         )
 
 
 def _mcp_line(kind: str, data: dict[str, Any]) -> str:
     """An MCP server's trouble, one line: the turn goes on without it (docs/mcp.md)."""
-    server = data.get("server", "?")
+    server = printable(str(data.get("server", "?")), one_line=True)
+    reason = printable(str(data.get("reason")), one_line=True)
     if kind == "mcp.warning":
-        tool = f" tool '{data['tool']}'" if data.get("tool") else ""
-        return f"! MCP server {server}:{tool} {data.get('reason')}"
+        tool = f" tool '{printable(str(data['tool']), one_line=True)}'" if data.get("tool") else ""
+        return f"! MCP server {server}:{tool} {reason}"
     what = "failed to start" if kind == "mcp.failed" else "stopped"
-    return f"! MCP server {server} {what}: {data.get('reason')}"
+    return f"! MCP server {server} {what}: {reason}"
 
 
 def parse_answer(line: str) -> tuple[str, str | None]:
@@ -125,18 +143,21 @@ def todo_lines(todos: list[dict[str, Any]], indent: str = "") -> str:
     lines = [f"todos: {done}/{len(todos)} completed"]
     for todo in todos:
         mark = marks.get(todo.get("status", ""), "[?]")
-        lines.append(f"{indent}{mark} {todo.get('content')} ({todo.get('priority', 'medium')})")
+        content = printable(str(todo.get("content")), one_line=True)
+        priority = printable(str(todo.get("priority", "medium")), one_line=True)
+        lines.append(f"{indent}{mark} {content} ({priority})")
     return "\n".join(lines)
 
 
 def tool_summary(state: dict[str, Any]) -> str:
     metadata = state.get("metadata") or {}
     if "todos" in metadata or "answers" in metadata:
-        return str(state.get("title") or "done")  # "3 todos", "asked 2 questions"
+        # "3 todos", "asked 2 questions"
+        return printable(str(state.get("title") or "done"), one_line=True)
     if "lines" in metadata:
-        return f"{metadata['lines']} lines"
+        return printable(f"{metadata['lines']} lines", one_line=True)
     if "exit" in metadata:
-        return f"exit {metadata['exit']}"
+        return printable(f"exit {metadata['exit']}", one_line=True)
     output = state.get("output") or ""
     count = output.count("\n") + 1 if output else 0
     return f"{count} lines"
@@ -175,13 +196,14 @@ def question_prompt(data: dict[str, Any], index: int, child: str | None) -> str:
     """One question of a ``question.asked`` event, as the terminal shows it."""
     info = data["questions"][index]
     count = len(data["questions"])
-    head = f"[{info['header']}] " if info.get("header") else ""
+    head = f"[{printable(str(info['header']), one_line=True)}] " if info.get("header") else ""
     where = f" (session {child})" if child else ""
     number = f" ({index + 1}/{count})" if count > 1 else ""
-    lines = [f"\n? {head}{info['question']}{number}{where}"]
+    lines = [f"\n? {head}{printable(str(info['question']))}{number}{where}"]
     for n, option in enumerate(info.get("options") or [], 1):
-        detail = f" — {option['description']}" if option.get("description") else ""
-        lines.append(f"  {n}. {option['label']}{detail}")
+        description = printable(str(option.get("description")), one_line=True)
+        detail = f" — {description}" if option.get("description") else ""
+        lines.append(f"  {n}. {printable(str(option['label']), one_line=True)}{detail}")
     several = "numbers or labels, comma-separated" if info.get("multiple") else "a number or label"
     lines.append(f"  answer with {several}, or your own words (empty line dismisses): ")
     return "\n".join(lines)

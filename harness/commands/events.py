@@ -7,6 +7,7 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
+from harness import printable
 from harness.commands.base import EXIT_CANCELLED, EXIT_OK, require_daemon
 
 if TYPE_CHECKING:
@@ -36,5 +37,7 @@ def _events(args: argparse.Namespace) -> int:
 def _event_line(event: WireEvent) -> str:
     when = time.strftime("%H:%M:%S", time.localtime(event.ts))
     seq = str(event.seq) if event.seq is not None else "-"
+    # ensure_ascii=False keeps C1 controls and bidi overrides as they are: shown here.
     data = json.dumps(event.data, ensure_ascii=False)
-    return f"{seq:>7} {when} {event.session_id} {event.type:18} {data[:120]}"
+    line = f"{seq:>7} {when} {event.session_id} {event.type:18} {data[:120]}"
+    return printable(line, one_line=True)

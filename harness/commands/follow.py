@@ -16,6 +16,7 @@ import sys
 from collections.abc import AsyncIterable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
+from harness import printable
 from harness.commands.base import EXIT_CANCELLED, EXIT_ERROR
 from harness.commands.display import Display, ask_at_terminal, parse_answer
 
@@ -118,7 +119,8 @@ class TurnFollower:
             self._rejected_calls.add(data["call_id"])
             if not self._view.json:
                 hint = no_terminal_hint(data["permission"], data["always"])
-                print(f"✗ {data['tool']}: the call was rejected: {hint}", file=sys.stderr)
+                line = f"✗ {data['tool']}: the call was rejected: {hint}"
+                print(printable(line, one_line=True), file=sys.stderr)
         self._replies.reply_permission(data["id"], reply, message, no_terminal=no_terminal)
 
     def _answer_question(self, event: Event | WireEvent) -> None:

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from harness import printable
 from harness.commands.base import UsageError
 
 
@@ -75,17 +76,21 @@ def _print(report: dict[str, Any], as_json: bool, heading: str | None) -> int:
     if not report["servers"]:
         print("no MCP servers configured ([mcp.NAME] in config.toml; see docs/mcp.md)")
         return 0
-    width = max(len(s["name"]) for s in report["servers"])
+    # Names, errors, prompts and warnings are the servers' own words: shown, never obeyed.
+    names = {s["name"]: printable(str(s["name"]), one_line=True) for s in report["servers"]}
+    width = max(len(name) for name in names.values())
     for server in report["servers"]:
-        error = f"  {server['last_error']}" if server["last_error"] else ""
+        last_error = printable(str(server["last_error"]), one_line=True)
+        error = f"  {last_error}" if server["last_error"] else ""
         print(
-            f"{server['name']:<{width}}  {server['state']:<8}  {server['tools']:>3} tools  "
+            f"{names[server['name']]:<{width}}  {server['state']:<8}  {server['tools']:>3} tools  "
             f"{server['schema_tokens']:>6} tokens{error}"
         )
         if server["prompts"]:
-            print(f"{'':<{width}}  prompts: {', '.join(server['prompts'])}")
+            prompts = printable(", ".join(str(p) for p in server["prompts"]), one_line=True)
+            print(f"{'':<{width}}  prompts: {prompts}")
         for warning in server["warnings"]:
-            print(f"{'':<{width}}  warning: {warning}")
+            print(f"{'':<{width}}  warning: {printable(str(warning), one_line=True)}")
     mode = "on" if report.get("tool_search") else "off"
     print(
         f"schemas: {report['schema_tokens']} tokens; tool search {mode} "

@@ -7,6 +7,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING, Any
 
+from harness import printable
 from harness.commands.base import EXIT_OK, UsageError, client, error_line
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ def _revert(args: argparse.Namespace) -> int:
     files = [f for f in result["files"] if f["action"] != "unchanged"]
     print(f"reverted {args.session} to before {args.to}: {len(files)} file(s) changed")
     for file in files:
-        print(f"  {file['action']:9} {file['shown']}")
+        print(printable(f"  {file['action']:9} {file['shown']}", one_line=True))
     return EXIT_OK
 
 

@@ -7,6 +7,7 @@ import json
 import time
 from typing import Any
 
+from harness import printable
 from harness.commands.base import EXIT_OK, from_daemon, reader
 
 
@@ -27,8 +28,9 @@ def _sessions(args: argparse.Namespace) -> int:
     for s in sessions:
         updated = time.strftime("%m-%d %H:%M", time.localtime(s["updated"]))
         tokens = sum(s.get("tokens", {}).values())
-        print(
+        line = (
             f"{s['id']:36} {s['status']:6} {s['model'][-32:]:32} {tokens:>8} "
             f"{s.get('cost', 0.0):>8.4f}  {updated}  {s.get('title', '')}"
         )
+        print(printable(line, one_line=True))  # a title is the user's or the model's words
     return EXIT_OK

@@ -7,6 +7,7 @@ import argparse
 import json
 from typing import Any
 
+from harness import printable
 from harness.commands.base import EXIT_OK, UsageError, from_daemon, reader, usage_on
 
 
@@ -42,7 +43,9 @@ def _show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"session": session, "messages": transcript, "todos": todos}, indent=2))
         return EXIT_OK
-    print(f"{session['id']}  {session['status']}  {session['model']}  {session['directory']}")
+    # Everything below came from the model, its tools or its files: shown, never obeyed.
+    head = f"{session['id']}  {session['status']}  {session['model']}  {session['directory']}"
+    print(printable(head, one_line=True))
     for entry in transcript:
         info = entry["info"]
         label = info["role"] if info["role"] == "user" else f"assistant (step {info.get('step')})"
@@ -50,7 +53,7 @@ def _show(args: argparse.Namespace) -> int:
         for part in entry["parts"]:
             _print_part(part)
         if info["role"] == "assistant" and info.get("error"):
-            print(f"[error: {info['error']}]")
+            print(f"[error: {printable(str(info['error']))}]")
     if todos:
         from harness.commands.display import todo_lines
 
@@ -60,16 +63,19 @@ def _show(args: argparse.Namespace) -> int:
 
 def _print_part(part: dict[str, Any]) -> None:
     if part["type"] == "text":
-        print(part["text"])
+        print(printable(part["text"]))
     elif part["type"] == "tool":
         state = part["state"]
         detail = state.get("output") or state.get("error") or ""
-        print(f"[{part['tool']} {state['status']}] {json.dumps(state.get('input', {}))}")
+        # json.dumps escapes every control character (ensure_ascii, its default).
+        tool = printable(str(part["tool"]), one_line=True)
+        print(f"[{tool} {state['status']}] {json.dumps(state.get('input', {}))}")
         if detail:
-            print("  " + "\n  ".join(str(detail).splitlines()[:20]))
+            print("  " + "\n  ".join(printable(line) for line in str(detail).splitlines()[:20]))
     elif part["type"] == "patch":
         changed = ", ".join(f"{f['path']} +{f['added']} -{f['removed']}" for f in part["files"])
-        print(f"[patch] {changed}")
+        print(f"[patch] {printable(changed, one_line=True)}")
     elif part["type"] == "step-finish":
         tokens = sum(part.get("tokens", {}).values())
-        print(f"[finish: {part['reason']}; {tokens} tokens; ${part.get('cost', 0.0):.4f}]")
+        reason = printable(str(part["reason"]), one_line=True)
+        print(f"[finish: {reason}; {tokens} tokens; ${part.get('cost', 0.0):.4f}]")

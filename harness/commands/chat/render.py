@@ -15,36 +15,15 @@ import os
 import re
 from typing import Any
 
+from harness import printable, printable_data
 from harness.commands.display import tool_summary
-
-# C0 controls but tab and newline, DEL, and the C1 range (0x9b is a one-byte CSI).
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the styles rich writes
 
-
-def _shown(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    return f"^{chr(code + 64)}" if code < 0x20 else "^?" if code == 0x7F else "\ufffd"
-
-
-def clean(text: str) -> str:
-    """Text the model, a tool or a file wrote, made safe to print: no control character
-    reaches the terminal (an escape sequence could retitle it, rewrite the screen, or
-    set the clipboard through OSC 52); each is shown as ``^[``-style text instead."""
-    return _CONTROL.sub(_shown, text) if _CONTROL.search(text) else text
-
-
-def clean_data(value: Any) -> Any:
-    """``clean`` over an event's payload: every string in it, however deep."""
-    if isinstance(value, str):
-        return clean(value)
-    if isinstance(value, dict):
-        return {key: clean_data(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [clean_data(item) for item in value]
-    return value
+# What the model, a tool or a file wrote is shown, never obeyed: one helper for every
+# command that prints such text (harness/terminal_text.py).
+clean = printable
+clean_data = printable_data
 
 
 def wants_plain(term: str | None = None, no_color: str | None = None, tty: bool = True) -> bool:
