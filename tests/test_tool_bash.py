@@ -266,6 +266,13 @@ def test_params_reject_blank_command_and_unknown_fields() -> None:
         BashParams.model_validate({"command": "true", "workdir": "/"})
 
 
+def test_params_reject_a_nul_character() -> None:
+    # A hostile model's NUL used to reach the spawn and fail as "ValueError: embedded null
+    # byte"; it is now a validation error naming the problem.
+    with pytest.raises(pydantic.ValidationError, match="must not contain a NUL"):
+        BashParams(command="echo a\x00b")
+
+
 def test_schema_names_the_parameters() -> None:
     schema = BashParams.model_json_schema()
     assert set(schema["properties"]) == {"command", "timeout", "description"}

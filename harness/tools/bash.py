@@ -93,6 +93,10 @@ class BashParams(ToolParams):
     def _command_not_blank(cls, value: str) -> str:
         if not value.strip():
             raise ValueError("command must not be empty")
+        if "\x00" in value:
+            # No program's argument can hold one (execve ends a string there); said here, as
+            # an error the model reads, rather than as the spawn's ValueError.
+            raise ValueError("command must not contain a NUL character")
         return value
 
     @field_validator("timeout")
