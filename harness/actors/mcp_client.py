@@ -116,10 +116,19 @@ class McpClient:
     """One server: its connection, its tools, its state."""
 
     def __init__(
-        self, name: str, spec: McpServerSpec, hub: McpHub, environ: Mapping[str, str]
+        self,
+        name: str,
+        spec: McpServerSpec,
+        hub: McpHub,
+        environ: Mapping[str, str],
+        *,
+        scope: str | None = None,
     ) -> None:
         self.name = name
         self.spec = spec
+        # The one session an ACP client gave this server to (None: configured, shared).
+        # Its ``env`` and ``headers`` are the client's literal values, not ``${VAR}``s.
+        self.scope = scope
         self._hub = hub
         self._environ = environ
         self.state: State = "idle" if spec.enabled else "disabled"
@@ -256,13 +265,14 @@ class McpClient:
         spec = self.spec
         try:
             if spec.command is not None:
-                env = {**tool_environment(environ=self._environ), **expand(spec.env, self._environ)}
+                env = {**tool_environment(environ=self._environ), **self._expand(spec.env)}
                 cwd = Path(spec.cwd).expanduser() if spec.cwd else self._directory
-                stderr = self._hub.home / "logs" / f"mcp-{self.name}.stderr"
+                log_name = self.name if self.scope is None else f"{self.scope}-{self.name}"
+                stderr = self._hub.home / "logs" / f"mcp-{log_name}.stderr"
                 async with open_stdio(spec.command, cwd=cwd, env=env, stderr=stderr) as server:
                     yield server.read, server.write, server
                 return
-            headers = expand(spec.headers, self._environ)
+            headers = self._expand(spec.headers)
         except MissingVariable as error:
             raise McpUnavailable(str(error)) from None
         from mcp.client.streamable_http import streamable_http_client
@@ -274,6 +284,11 @@ class McpClient:
             streamable_http_client(spec.url, http_client=client) as (read, write),
         ):
             yield read, write, None
+
+    def _expand(self, values: Mapping[str, str]) -> dict[str, str]:
+        # A client's values are literal: a ``${VAR}`` in them must not read harness's
+        # environment (a key the client was never given).
+        return dict(values) if self.scope is not None else expand(values, self._environ)
 
     async def _on_message(self, message: Any) -> None:
         if isinstance(message, mt.ToolListChangedNotification):
@@ -346,7 +361,7 @@ class McpClient:
     def _take_tools(self, listed: Sequence[mt.Tool], bad: Sequence[tuple[str, str]] = ()) -> None:
         infos: dict[str, McpToolInfo] = {}
         self.warnings = []
-        taken = self._hub.taken_names(self.name)
+        taken = self._hub.taken_names(self.name, self.scope)
         for unread, why in bad:
             self._warn(unread, why)
         for tool in listed:
@@ -507,6 +522,11 @@ class McpHub:
         env = os.environ if environ is None else environ
         self.clients = {name: McpClient(name, spec, self, env) for name, spec in servers.items()}
         self.version = 0  # bumped whenever a server's tools change
+        self._environ = env
+        # The servers an ACP client gave one session (``harness acp``): seen by that
+        # session's turns only, started lazily like the configured ones, stopped when the
+        # session's servers are replaced (``session/load``) or the harness stops.
+        self.session_clients: dict[str, dict[str, McpClient]] = {}
         self._nursery: trio.Nursery | None = None
         self._loaded: dict[str, set[str]] = {}  # session → tools loaded by mcp_search
 
@@ -524,17 +544,40 @@ class McpHub:
     def changed(self) -> None:
         self.version += 1
 
-    def taken_names(self, server: str) -> set[str]:
+    def of(self, session_id: str | None) -> list[McpClient]:
+        """The servers a session sees: the configured ones, then its client's own."""
+        own = self.session_clients.get(session_id, {}) if session_id is not None else {}
+        return [*self.clients.values(), *own.values()]
+
+    async def set_session_servers(
+        self, session_id: str, servers: Mapping[str, McpServerSpec]
+    ) -> None:
+        """Give a session the servers its ACP client sent, in place of any it had.
+
+        The configured servers' names are the client's to avoid (``NAME_tool`` must stay
+        one tool): the caller refuses such a name before this.
+        """
+        old = self.session_clients.pop(session_id, {})
+        for client in old.values():
+            await client.stop()
+        if servers:
+            self.session_clients[session_id] = {
+                name: McpClient(name, spec, self, self._environ, scope=session_id)
+                for name, spec in servers.items()
+            }
+        self.changed()
+
+    def taken_names(self, server: str, scope: str | None = None) -> set[str]:
         names = set(self.reserved) | {SEARCH_TOOL}
-        for name, client in self.clients.items():
-            if name != server:
+        for client in self.of(scope):
+            if (client.name, client.scope) != (server, scope):
                 names |= set(client.tools)
         return names
 
     async def prepare(self, session_id: str, directory: Path) -> None:
         """At a turn's start: every enabled server running, or failed with an event."""
         async with trio.open_nursery() as nursery:
-            for client in self.clients.values():
+            for client in self.of(session_id):
                 if client.state not in ("running", "disabled"):
                     nursery.start_soon(self._try, client, session_id, directory)
 
@@ -543,22 +586,34 @@ class McpHub:
         with contextlib.suppress(McpUnavailable):
             await client.ensure(session_id, directory)
 
-    async def refresh(self) -> None:
-        for client in self.clients.values():
+    async def refresh(self, session_id: str | None = None) -> None:
+        for client in self.of(session_id):
             await client.refresh()
 
-    def tools(self) -> dict[str, Tool[Any]]:
-        return {name: tool for c in self.clients.values() for name, tool in c.tools.items()}
+    def tools(self, session_id: str | None = None) -> dict[str, Tool[Any]]:
+        tools: dict[str, Tool[Any]] = {}
+        for client in self.of(session_id):
+            # A configured server started after a client's one may list a name already
+            # taken in this session: the first keeps it.
+            for name, tool in client.tools.items():
+                tools.setdefault(name, tool)
+        return tools
 
-    def infos(self) -> list[McpToolInfo]:
-        return [info for c in self.clients.values() for info in c.infos.values()]
+    def infos(self, session_id: str | None = None) -> list[McpToolInfo]:
+        seen = self.tools(session_id)
+        return [
+            info
+            for c in self.of(session_id)
+            for info in c.infos.values()
+            if seen.get(info.name) is c.tools.get(info.name)
+        ]
 
-    def schema_tokens(self) -> int:
-        return sum(c.schema_tokens for c in self.clients.values())
+    def schema_tokens(self, session_id: str | None = None) -> int:
+        return sum(c.schema_tokens for c in self.of(session_id))
 
-    def searching(self) -> bool:
+    def searching(self, session_id: str | None = None) -> bool:
         """Tool-search mode: the schemas would take more than the threshold."""
-        return self.schema_tokens() > self.search_threshold
+        return self.schema_tokens(session_id) > self.search_threshold
 
     def loaded(self, session_id: str) -> set[str]:
         return self._loaded.setdefault(session_id, set())
@@ -566,12 +621,12 @@ class McpHub:
     def knows(self, session_id: str) -> bool:
         return session_id in self._loaded
 
-    def default_rules(self, agent: str) -> list[Rule]:
+    def default_rules(self, agent: str, session_id: str | None = None) -> list[Rule]:
         """The MCP layer of the defaults (DESIGN §12): a ``readOnlyHint`` tool (and a
         resources tool) is allowed; the ``plan`` agent denies every other MCP tool; the rest
         ask. Rules from config and the session still come after these."""
         rules = [Rule(permission=SEARCH_TOOL, pattern="*", action="allow")]
-        for client in self.clients.values():
+        for client in self.of(session_id):
             if agent == "plan":
                 prefix = tool_name(client.name, "")
                 rules.append(Rule(permission=f"{prefix}*", pattern="*", action="deny"))

@@ -1,0 +1,196 @@
+"""An ACP client's MCP servers (``mcpServers`` of ``session/new`` and ``session/load``)
+joining that session's tools, over a real ``harness acp`` subprocess and a real server
+(tests/mcp_servers.py), as an editor would send them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.config import Config
+from harness.messages.model import ToolCompleted, ToolError, ToolPart
+from harness.reader import open_reader
+from harness.storage.ledger import Ledger
+from tests.acp_client import AcpProcess, acp_agent
+from tests.procs import live_processes
+
+SERVERS = Path(__file__).parent / "mcp_servers.py"
+
+
+@pytest.fixture
+def marker() -> Iterator[str]:
+    """On each server's command line; nothing holding it may outlive the test."""
+    mark = f"acpmcp-{uuid.uuid4().hex[:12]}"
+    yield mark
+    deadline = time.monotonic() + 5
+    while live_processes(mark) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert live_processes(mark) == {}, "a client's MCP server outlived harness acp"
+
+
+def _stdio(name: str, marker: str, kind: str = "basic") -> dict[str, Any]:
+    """A server as ACP's ``McpServerStdio`` says it: command, args, env as a list."""
+    return {
+        "name": name,
+        "command": sys.executable,
+        "args": [str(SERVERS), kind, f"--marker={marker}"],
+        "env": [{"name": "ACP_MCP_TEST", "value": "1"}],
+    }
+
+
+def _script(tmp_path: Path, note: Path) -> str:
+    path = tmp_path / "script.json"
+    call = {"name": "basic_note", "arguments": {"path": str(note), "text": "from the model"}}
+    path.write_text(json.dumps([{"tool_calls": [call]}, {"text": "done"}]))
+    return f"scripted:{path}"
+
+
+def _prompt(session_id: str) -> dict[str, Any]:
+    return {"sessionId": session_id, "prompt": [{"type": "text", "text": "write the note"}]}
+
+
+def _tool_parts(home: Path, session_id: str) -> list[ToolPart]:
+    reader = open_reader(Config(home=home))
+    return [
+        part
+        for message in reader.messages(session_id)
+        for part in message.parts
+        if isinstance(part, ToolPart)
+    ]
+
+
+def _events(home: Path, kind: str) -> list[Any]:
+    ledger = Ledger(Config(home=home).ledger_path)
+    try:
+        return [e for e in ledger.events_after(0, limit=100_000) if e.type == kind]
+    finally:
+        ledger.close()
+
+
+async def _initialize(agent: AcpProcess) -> dict[str, Any]:
+    init = await agent.request("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
+    result: dict[str, Any] = init["result"]
+    return result
+
+
+async def test_a_client_server_joins_its_session_only_and_stops_with_the_agent(
+    tmp_path: Path, project: Path, marker: str
+) -> None:
+    home = tmp_path / "home"
+    note = tmp_path / "note.txt"
+    async with acp_agent(home, "--model", _script(tmp_path, note)) as agent:
+        init = await _initialize(agent)
+        mcp = init["agentCapabilities"]["mcpCapabilities"]
+        assert (mcp["http"], mcp["sse"], mcp.get("acp", False)) == (True, False, False)
+        new = await agent.request(
+            "session/new", {"cwd": str(project), "mcpServers": [_stdio("basic", marker)]}
+        )
+        with_server = new["result"]["sessionId"]
+        answer = await agent.request("session/prompt", _prompt(with_server))
+        assert answer["result"]["stopReason"] == "end_turn", answer
+        assert live_processes(marker), "the server runs while the agent does"
+        # The call asked the client first, by the tool's full name and its arguments.
+        [asked] = agent.permission_requests
+        assert asked["sessionId"] == with_server
+        assert asked["toolCall"]["title"].startswith("basic_note: ")
+        assert str(note) in asked["toolCall"]["title"]
+
+        other = await agent.request("session/new", {"cwd": str(project), "mcpServers": []})
+        without = other["result"]["sessionId"]
+        answer = await agent.request("session/prompt", _prompt(without))
+        assert "result" in answer, answer
+        assert len(agent.permission_requests) == 1  # nothing for the second session to ask
+
+    assert note.read_text() == "from the model"
+    [ran] = _tool_parts(home, with_server)
+    assert isinstance(ran.state, ToolCompleted)
+    # What the model reads next step: the server's answer.
+    assert ran.state.output == "wrote 14 characters"
+    [unknown] = _tool_parts(home, without)
+    assert isinstance(unknown.state, ToolError)
+    assert "basic_note" in unknown.state.error
+    # Recorded like a configured server's group (for a crash's reaping), then its end.
+    [process] = _events(home, "mcp.process")
+    assert process.session_id == with_server
+    assert process.data["server"] == "basic"
+    assert any(e.data["server"] == "basic" for e in _events(home, "mcp.exited"))
+    # (the marker fixture: no process of the server is left)
+
+
+async def test_load_after_a_restart_uses_the_servers_the_client_sends_again(
+    tmp_path: Path, project: Path, marker: str
+) -> None:
+    home = tmp_path / "home"
+    note = tmp_path / "note.txt"
+    path = tmp_path / "script.json"
+    call = {"name": "basic_note", "arguments": {"path": str(note), "text": "second"}}
+    path.write_text(json.dumps([{"text": "first"}, {"tool_calls": [call]}, {"text": "done"}]))
+    model = f"scripted:{path}"
+    servers = [_stdio("basic", marker)]
+    async with acp_agent(home, "--model", model) as agent:
+        await _initialize(agent)
+        new = await agent.request("session/new", {"cwd": str(project), "mcpServers": servers})
+        session_id = new["result"]["sessionId"]
+        first = await agent.request("session/prompt", _prompt(session_id))
+        assert first["result"]["stopReason"] == "end_turn"
+    assert live_processes(marker) == {}
+    async with acp_agent(home, "--model", model) as agent:
+        await _initialize(agent)
+        loaded = await agent.request(
+            "session/load",
+            {"sessionId": session_id, "cwd": str(project), "mcpServers": servers},
+        )
+        assert "result" in loaded, loaded
+        again = await agent.request("session/prompt", _prompt(session_id))
+        assert again["result"]["stopReason"] == "end_turn", again
+    assert note.read_text() == "second"
+    [ran] = _tool_parts(home, session_id)
+    assert isinstance(ran.state, ToolCompleted), ran.state
+
+
+@pytest.mark.parametrize(
+    ("server", "says"),
+    [
+        ({"name": "x", "args": [], "env": []}, "command"),
+        ({"name": "x", "command": "", "args": [], "env": []}, "command[0] is empty"),
+        ({"name": "bad name!", "command": "true", "args": [], "env": []}, "1-32 of"),
+        ({"type": "sse", "name": "x", "url": "http://127.0.0.1:9/sse", "headers": []}, "sse"),
+        ({"type": "http", "name": "x", "url": "ftp://h/", "headers": []}, "url"),
+        ("not an object", "not an object"),
+    ],
+)
+async def test_a_bad_server_is_invalid_params_and_makes_no_session(
+    tmp_path: Path, project: Path, server: Any, says: str
+) -> None:
+    home = tmp_path / "home"
+    async with acp_agent(home, "--model", "scripted:/none") as agent:
+        await _initialize(agent)
+        answer = await agent.request(
+            "session/new", {"cwd": str(project), "mcpServers": [server]}
+        )
+        assert answer["error"]["code"] == -32602, answer
+        assert "mcpServers[0]" in answer["error"]["message"]
+        assert says in answer["error"]["message"]
+        # The agent goes on serving.
+        fine = await agent.request("session/new", {"cwd": str(project), "mcpServers": []})
+        assert "result" in fine
+    assert len(open_reader(Config(home=home)).sessions()) == 1
+
+
+async def test_two_servers_of_one_name_are_invalid_params(
+    tmp_path: Path, project: Path, marker: str
+) -> None:
+    async with acp_agent(tmp_path / "home", "--model", "scripted:/none") as agent:
+        await _initialize(agent)
+        servers = [_stdio("basic", marker), _stdio("basic", marker)]
+        answer = await agent.request("session/new", {"cwd": str(project), "mcpServers": servers})
+        assert answer["error"]["code"] == -32602
+        assert "a second server named 'basic'" in answer["error"]["message"]
