@@ -194,3 +194,44 @@ async def test_two_servers_of_one_name_are_invalid_params(
         answer = await agent.request("session/new", {"cwd": str(project), "mcpServers": servers})
         assert answer["error"]["code"] == -32602
         assert "a second server named 'basic'" in answer["error"]["message"]
+
+
+async def test_a_killed_agent_leaves_servers_the_next_one_reaps(
+    tmp_path: Path, project: Path, marker: str
+) -> None:
+    """The client's servers' groups are in the ledger like configured ones: after a
+    SIGKILL of the agent (one server deaf to SIGTERM and a closed stdin, with a child),
+    the next ``harness acp`` kills them at start."""
+    import signal
+
+    import trio
+
+    home = tmp_path / "home"
+    flag = tmp_path / "write.log"
+    path = tmp_path / "script.json"
+    call = {"name": "basic_slow_write", "arguments": {"seconds": 60, "marker": str(flag)}}
+    path.write_text(json.dumps([{"tool_calls": [call]}, {"text": "after"}]))
+    model = f"scripted:{path}"
+    servers = [_stdio("basic", marker), _stdio("stubborn", marker, "stubborn")]
+    async with acp_agent(home, "--model", model, exit_code=-signal.SIGKILL) as first:
+        await _initialize(first)
+        new = await first.request("session/new", {"cwd": str(project), "mcpServers": servers})
+        session_id = new["result"]["sessionId"]
+        await first.send(
+            {"jsonrpc": "2.0", "id": 9, "method": "session/prompt", "params": _prompt(session_id)}
+        )
+        with trio.fail_after(60):
+            while not (flag.exists() and "started" in flag.read_text()):
+                await trio.sleep(0.02)
+        first.process.kill()
+        await first.process.wait()
+    left = live_processes(marker)
+    assert any("stubborn" in Path(f"/proc/{pid}/cmdline").read_text() for pid in left)
+    async with acp_agent(home, "--model", model) as second:
+        await _initialize(second)
+        with trio.fail_after(10):
+            while set(left) & set(live_processes(marker)):
+                await trio.sleep(0.02)
+    reaped = [e for e in _events(home, "mcp.exited") if "reaped" in e.data["reason"]]
+    assert {e.data["server"] for e in reaped} == {"basic", "stubborn"}
+    assert all(e.session_id == session_id for e in reaped)
