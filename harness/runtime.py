@@ -69,7 +69,7 @@ from harness.tools.registry import builtin_tools, tool_specs, tool_table
 from harness.tools.sandbox import Sandbox
 
 if TYPE_CHECKING:
-    from harness.actors.mcp_client import McpHub
+    from harness.actors.mcp_hub import HubClient, McpHub
     from harness.mcp.spec import McpServerSpec
 
 log = structlog.get_logger("harness")
@@ -632,6 +632,14 @@ async def open_harness(
             yield harness
 
 
+def _mcp_client(
+    hub: McpHub, name: str, spec: McpServerSpec, scope: str | None
+) -> HubClient:
+    from harness.actors.mcp_client import make_client  # the SDK, with the first server
+
+    return make_client(hub, name, spec, scope)
+
+
 def _own_paths(config: Config) -> list[Path]:
     """What a command must not reach: this harness's home and socket, and the default
     home's, where a daemon of the same user may listen (its socket approves asks)."""
@@ -666,13 +674,14 @@ async def _open_harness(config: Config, *, session_mcp: bool = False) -> AsyncIt
         )
     hub = None
     if config.mcp_servers or session_mcp:
-        from harness.actors.mcp_client import McpHub  # the SDK, only when a server is set
+        from harness.actors.mcp_hub import McpHub  # the SDK comes with its first server
 
         hub = McpHub(
             config.mcp_servers,
             ledger=ledger,
             home=config.home,
             search_threshold=config.mcp_search_threshold,
+            client_factory=_mcp_client,
             reserved=frozenset(tools),
         )
     # Agent and skill front matter parsed once per file version, across processes too.

@@ -235,3 +235,31 @@ async def test_a_killed_agent_leaves_servers_the_next_one_reaps(
     reaped = [e for e in _events(home, "mcp.exited") if "reaped" in e.data["reason"]]
     assert {e.data["server"] for e in reaped} == {"basic", "stubborn"}
     assert all(e.session_id == session_id for e in reaped)
+
+
+def test_a_session_mcp_harness_imports_no_sdk_until_a_server_is_given(
+    tmp_path: Path, project: Path
+) -> None:
+    """``harness acp`` always runs a hub; the SDK (half a second) comes with a server."""
+    import subprocess
+
+    script = (
+        "import sys, trio\n"
+        "from harness.config import Config\n"
+        "from harness.providers.scripted import ScriptedProvider\n"
+        "from harness.runtime import open_harness\n"
+        "async def main():\n"
+        "    p = ScriptedProvider.from_turns([{'text': 'hi'}])\n"
+        f"    c = Config(home={str(tmp_path / 'h')!r}, model='scripted:x', interactive=False,"
+        " provider_factory=lambda m: p)\n"
+        "    async with open_harness(c, session_mcp=True) as h:\n"
+        f"        s = await h.create_session({str(project)!r})\n"
+        "        await h.run(s.id, 'go')\n"
+        "trio.run(main)\n"
+        "print(sorted(m for m in sys.modules if m == 'mcp' or m.startswith('mcp.')))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"

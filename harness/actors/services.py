@@ -26,7 +26,7 @@ from harness.tools.base import Tool
 from harness.tools.sandbox import Sandbox
 
 if TYPE_CHECKING:
-    from harness.actors.mcp_client import McpHub
+    from harness.actors.mcp_hub import McpHub
 
 
 @dataclass(frozen=True, slots=True)

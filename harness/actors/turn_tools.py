@@ -23,7 +23,7 @@ from harness.tools.base import Tool
 from harness.tools.mcp import SEARCH_TOOL, McpSearchTool, McpToolInfo, SearchParams
 
 if TYPE_CHECKING:
-    from harness.actors.mcp_client import McpHub
+    from harness.actors.mcp_hub import McpHub
 
 
 class _Hidden:
