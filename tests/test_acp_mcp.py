@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from harness.config import Config
 from harness.messages.model import ToolCompleted, ToolError, ToolPart
@@ -204,8 +205,6 @@ async def test_a_killed_agent_leaves_servers_the_next_one_reaps(
     the next ``harness acp`` kills them at start."""
     import signal
 
-    import trio
-
     home = tmp_path / "home"
     flag = tmp_path / "write.log"
     path = tmp_path / "script.json"
@@ -263,3 +262,92 @@ def test_a_session_mcp_harness_imports_no_sdk_until_a_server_is_given(
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+async def test_an_http_server_of_the_client_serves_its_session(
+    tmp_path: Path, project: Path
+) -> None:
+    """``McpServerHttp``: the reference server over streamable HTTP, its headers sent."""
+    import os
+
+    from tests.test_mcp import EVERYTHING, _free_port, _http_everything
+
+    if not EVERYTHING.is_file():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"server-everything is not installed at {EVERYTHING} (.ci/run)")
+        pytest.skip("server-everything not installed: run the npm step of .ci/run")
+    port = _free_port()
+    process = await trio.to_thread.run_sync(_http_everything, EVERYTHING, port)
+    path = tmp_path / "script.json"
+    call = {"name": "web_echo", "arguments": {"message": "over acp and http"}}
+    path.write_text(json.dumps([{"tool_calls": [call]}, {"text": "done"}]))
+    home = tmp_path / "home"
+    server = {
+        "type": "http",
+        "name": "web",
+        "url": f"http://127.0.0.1:{port}/mcp",
+        "headers": [{"name": "X-Client", "value": "${HOME}"}],
+    }
+    try:
+        async with acp_agent(home, "--model", f"scripted:{path}") as agent:
+            await _initialize(agent)
+            new = await agent.request(
+                "session/new", {"cwd": str(project), "mcpServers": [server]}
+            )
+            session_id = new["result"]["sessionId"]
+            answer = await agent.request("session/prompt", _prompt(session_id))
+            assert answer["result"]["stopReason"] == "end_turn", answer
+    finally:
+        process.kill()
+        process.wait(10)
+    [ran] = _tool_parts(home, session_id)
+    assert isinstance(ran.state, ToolCompleted), ran.state
+    assert ran.state.output == "Echo: over acp and http"
+    [started] = _events(home, "mcp.started")
+    assert started.session_id == session_id and started.data["transport"] == "http"
+
+
+async def test_the_clients_values_are_literal_not_read_from_harness_environment(
+    tmp_path: Path, project: Path
+) -> None:
+    """A ``${VAR}`` an editor sends must not pull a variable of harness's (a key) out to
+    a server: it is sent as written."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    seen: list[str | None] = []
+
+    class Refuse(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            seen.append(self.headers.get("Authorization"))
+            self.send_response(401)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    http = HTTPServer(("127.0.0.1", 0), Refuse)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    path = tmp_path / "script.json"
+    path.write_text(json.dumps([{"text": "ok"}]))
+    server = {
+        "type": "http",
+        "name": "docs",
+        "url": f"http://127.0.0.1:{http.server_port}/mcp",
+        "headers": [{"name": "Authorization", "value": "Bearer ${HOME}"}],
+    }
+    home = tmp_path / "home"
+    try:
+        async with acp_agent(home, "--model", f"scripted:{path}") as agent:
+            await _initialize(agent)
+            new = await agent.request(
+                "session/new", {"cwd": str(project), "mcpServers": [server]}
+            )
+            answer = await agent.request("session/prompt", _prompt(new["result"]["sessionId"]))
+            assert answer["result"]["stopReason"] == "end_turn", answer
+    finally:
+        http.shutdown()
+    assert seen and set(seen) == {"Bearer ${HOME}"}
+    [failed] = _events(home, "mcp.failed")
+    assert failed.data["server"] == "docs"
