@@ -21,7 +21,7 @@ import contextlib
 import os
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -71,7 +71,8 @@ from harness.tools.registry import builtin_tools, tool_specs, tool_table
 from harness.tools.sandbox import Sandbox
 
 if TYPE_CHECKING:
-    from harness.actors.mcp_client import McpHub
+    from harness.actors.mcp_hub import HubClient, McpHub
+    from harness.mcp.spec import McpServerSpec
 
 log = structlog.get_logger("harness")
 
@@ -376,6 +377,23 @@ class Harness:
 
         return summary(hub)
 
+    async def set_session_mcp_servers(
+        self, session_id: str, servers: Mapping[str, McpServerSpec]
+    ) -> None:
+        """Give one session MCP servers of its own (an ACP client's), replacing those it
+        had: only its turns see their tools; they start at its next turn and stop with the
+        harness. Their names must not be those of configured servers."""
+        hub = self._mcp
+        if hub is None:
+            raise HarnessError("this harness was opened without session MCP servers")
+        self.session(session_id)  # an unknown session is the caller's error
+        clash = sorted(set(servers) & set(hub.clients))
+        if clash:
+            raise HarnessError(
+                f"MCP server name {clash[0]!r} is already a configured server's: choose another"
+            )
+        await hub.set_session_servers(session_id, servers)
+
     # --- events -----------------------------------------------------------------------------
 
     @asynccontextmanager
@@ -605,12 +623,18 @@ def _leaves(error: BaseException) -> list[BaseException]:
 
 @asynccontextmanager
 async def open_harness(
-    config: Config | None = None, *, holder: LockHolder | None = None
+    config: Config | None = None,
+    *,
+    holder: LockHolder | None = None,
+    session_mcp: bool = False,
 ) -> AsyncIterator[Harness]:
     """Start the actor tree under the caller's task; stop it when the block ends.
 
     ``holder`` is what the ledger's lock file says about this process (the daemon
     passes its socket), for the message another process gets when it is refused.
+    ``session_mcp``: sessions may be given MCP servers of their own
+    (``Harness.set_session_mcp_servers``, for ``harness acp``), so an MCP hub runs even
+    when no server is configured.
     """
     config = config or Config.from_env()
     # The keys this harness may meet are those of its environment now, and those its
@@ -627,8 +651,16 @@ async def open_harness(
     # A shared ledger has no lock file: its daemons share sessions through leases.
     lock = contextlib.nullcontext() if config.ledger else hold_ledger(config.ledger_path, holder)
     with lock, named_providers(config.providers):
-        async with _open_harness(config) as harness:
+        async with _open_harness(config, session_mcp=session_mcp) as harness:
             yield harness
+
+
+def _mcp_client(
+    hub: McpHub, name: str, spec: McpServerSpec, scope: str | None
+) -> HubClient:
+    from harness.actors.mcp_client import make_client  # the SDK, with the first server
+
+    return make_client(hub, name, spec, scope)
 
 
 def _own_paths(config: Config) -> list[Path]:
@@ -659,7 +691,7 @@ def _forward_reply(permission: Permission, data: dict[str, object]) -> None:
 
 
 @asynccontextmanager
-async def _open_harness(config: Config) -> AsyncIterator[Harness]:
+async def _open_harness(config: Config, *, session_mcp: bool = False) -> AsyncIterator[Harness]:
     ledger = open_ledger(config)
     feed = EventFeed()
     permission = Permission(ledger, interactive=config.interactive, yes=config.yes)
@@ -681,14 +713,15 @@ async def _open_harness(config: Config) -> AsyncIterator[Harness]:
             notice=sandbox.notice,
         )
     hub = None
-    if config.mcp_servers:
-        from harness.actors.mcp_client import McpHub  # the SDK, only when a server is set
+    if config.mcp_servers or session_mcp:
+        from harness.actors.mcp_hub import McpHub  # the SDK comes with its first server
 
         hub = McpHub(
             config.mcp_servers,
             ledger=ledger,
             home=config.home,
             search_threshold=config.mcp_search_threshold,
+            client_factory=_mcp_client,
             reserved=frozenset(tools),
         )
     # Agent and skill front matter parsed once per file version, across processes too.

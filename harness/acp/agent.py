@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import sys
 import time
@@ -31,6 +32,7 @@ import structlog
 import trio
 from acp import schema
 from acp.meta import AGENT_METHODS, PROTOCOL_VERSION
+from pydantic import ValidationError
 
 from harness.acp import jsonrpc
 from harness.acp.jsonrpc import (
@@ -46,6 +48,7 @@ from harness.acp.updates import Translator, dump, notification, tool_kind
 from harness.agents import UnknownAgentError
 from harness.config import Config, ConfigError
 from harness.config_files import daemon_cannot_apply, load_settings, project_path, read_project
+from harness.mcp.spec import SERVER_NAME, McpServerSpec
 from harness.messages.events import Event, TurnResult, finished_turn, wait_turn_finished
 from harness.messages.model import Rule
 from harness.messages.permission import Reply
@@ -160,7 +163,8 @@ class AcpAgent:
             agent_capabilities=schema.AgentCapabilities(
                 load_session=True,
                 prompt_capabilities=schema.PromptCapabilities(embedded_context=True),
-                mcp_capabilities=schema.McpCapabilities(http=False, sse=False),
+                # stdio always; streamable HTTP too; the deprecated SSE transport not.
+                mcp_capabilities=schema.McpCapabilities(http=True, sse=False),
                 session_capabilities=schema.SessionCapabilities(
                     list=schema.SessionListCapabilities()
                 ),
@@ -201,9 +205,21 @@ class AcpAgent:
         max_steps = flags.max_steps or settings.get("max_steps")
         return model, agent, rules, max_steps
 
+    def _client_servers(self, params: Params) -> dict[str, McpServerSpec]:
+        specs = client_servers(params.get("mcpServers"))
+        clash = sorted(set(specs) & set(self.h.config.mcp_servers))
+        if clash:
+            raise RpcError(
+                INVALID_PARAMS,
+                f"mcpServers: {clash[0]!r} is the name of a server harness is configured "
+                "with: give the client's server another name",
+            )
+        return specs
+
     async def new_session(self, params: Params) -> dict[str, Any]:
         request = schema.NewSessionRequest.model_validate(params)
         directory = self._directory(request.cwd)
+        specs = self._client_servers(params)  # before a session exists: a bad one makes none
         model, agent, rules, max_steps = self._session_settings(directory)
         try:
             session = await self.h.create_session(
@@ -216,9 +232,9 @@ class AcpAgent:
         except (HarnessError, UnknownAgentError, ProviderError, ConfigError) as error:
             raise RpcError(INVALID_PARAMS, str(error)) from None
         servers = [dump(server) for server in request.mcp_servers]
+        # The client's MCP servers join this session's tools only (DESIGN §12, §13).
+        await self.h.set_session_mcp_servers(session.id, specs)
         self.sessions[session.id] = _Session(session.id, session.directory, servers, max_steps)
-        # The client's MCP servers are kept with the session; they join its tools once
-        # harness speaks MCP (DESIGN §12).
         log.info("acp session", session_id=session.id, mcp_servers=_mcp_summary(servers))
         return dump(schema.NewSessionResponse(session_id=session.id))
 
@@ -250,11 +266,16 @@ class AcpAgent:
         if known is not None and known.prompting:
             raise RpcError(INVALID_REQUEST, f"session {stored.id} is running a prompt")
         _, _, _, max_steps = self._session_settings(Path(stored.directory))
+        specs = self._client_servers(params)
         servers = [dump(server) for server in request.mcp_servers]
         translator = Translator(stored.id, stored.directory)
         messages = await self.h.messages(stored.id)
         for update in translator.history(messages, self.h.todos(stored.id)):
             await self.connection.notify("session/update", notification(stored.id, update))
+        # A client sends its servers again with every load (they are its own, with its
+        # credentials; harness keeps none of them across restarts): they replace the ones
+        # an earlier session/load of this process gave.
+        await self.h.set_session_mcp_servers(stored.id, specs)
         self.sessions[stored.id] = _Session(stored.id, stored.directory, servers, max_steps)
         log.info("acp session loaded", session_id=stored.id, mcp_servers=_mcp_summary(servers))
         return dump(schema.LoadSessionResponse())
@@ -532,6 +553,58 @@ class AcpAgent:
         await self.h.answer_question(str(data["id"]), answers)
 
 
+def client_servers(raw: object) -> dict[str, McpServerSpec]:
+    """A client's ``mcpServers`` as harness server specs, by name; -32602 saying which
+    one is wrong and why. Read from the raw parameters: the schema's union takes a stdio
+    server without a ``command`` for nothing at all and drops it."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, list):
+        raise RpcError(INVALID_PARAMS, "mcpServers must be a list")
+    specs: dict[str, McpServerSpec] = {}
+    for index, item in enumerate(raw):
+        where = f"mcpServers[{index}]"
+        if not isinstance(item, dict):
+            raise RpcError(INVALID_PARAMS, f"{where}: not an object")
+        kind = item.get("type", "stdio")
+        try:
+            if kind == "http":
+                http = schema.HttpMcpServer.model_validate(item)
+                name = http.name
+                spec = McpServerSpec(
+                    url=http.url, headers={h.name: h.value for h in http.headers}
+                )
+            elif kind == "stdio":
+                stdio = schema.McpServerStdio.model_validate(item)
+                name = stdio.name
+                spec = McpServerSpec(
+                    command=[stdio.command, *stdio.args],
+                    env={variable.name: variable.value for variable in stdio.env},
+                )
+            else:
+                raise RpcError(
+                    INVALID_PARAMS,
+                    f"{where}: the {str(kind)[:20]!r} transport is not supported "
+                    "(harness speaks stdio and http)",
+                )
+        except ValidationError as error:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'server'}: {e['msg']}"
+                for e in error.errors()[:5]
+            )
+            raise RpcError(INVALID_PARAMS, f"{where}: {problems}") from None
+        if not re.fullmatch(SERVER_NAME, name):
+            raise RpcError(
+                INVALID_PARAMS,
+                f"{where}: the name {name[:40]!r} must be 1-32 of A-Z a-z 0-9 _ - "
+                "(its tools are offered as NAME_tool)",
+            )
+        if name in specs:
+            raise RpcError(INVALID_PARAMS, f"{where}: a second server named {name!r}")
+        specs[name] = spec
+    return specs
+
+
 def _prompt_text(blocks: list[Any]) -> str:
     """A prompt's content blocks as the text the model reads: text as is, a linked file by
     its URI, an embedded text resource fenced with its URI."""
@@ -589,7 +662,7 @@ async def serve_acp(config: Config, flags: SessionFlags) -> None:
         # text is never stored, so the ledger's redaction has not seen it.
         connection = Connection(receive, send, scrub=redact_data)
         try:
-            h = await stack.enter_async_context(open_harness(config))
+            h = await stack.enter_async_context(open_harness(config, session_mcp=True))
         except LedgerError as error:
             await _refuse(connection, str(error))
             raise SystemExit(1) from None

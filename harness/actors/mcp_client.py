@@ -25,9 +25,8 @@ import math
 import os
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import mcp.types as mt
 import structlog
@@ -36,19 +35,18 @@ from mcp import ClientSession
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
+from harness.actors.mcp_hub import McpHub as Hub
+from harness.actors.mcp_hub import McpUnavailable, ServerStatus, State
 from harness.mcp.naming import tool_name
 from harness.mcp.results import read_text, result_text
 from harness.mcp.schemas import schema_problem, schema_tokens
 from harness.mcp.spec import McpServerSpec, MissingVariable, expand
 from harness.mcp.stdio import StdioServer, open_stdio
 from harness.messages.events import EventType, NewEvent
-from harness.messages.model import Rule
 from harness.secrets import tool_environment
 from harness.storage.ledger import Ledger
-from harness.storage.port import LedgerPort
 from harness.tools.base import Tool, ToolContext, ToolFailure, ToolOutput
 from harness.tools.mcp import (
-    SEARCH_TOOL,
     McpToolInfo,
     mcp_tool,
     resources_tool,
@@ -59,13 +57,8 @@ log = structlog.get_logger("harness.mcp")
 # This harness process, as its MCP servers' records name it (recovery.reap_mcp_servers).
 OWNER = process_identity(os.getpid())
 
-State = Literal["idle", "starting", "running", "failed", "exited", "disabled"]
 MAX_PAGES = 50  # of tools/list, prompts/list: a server that pages forever is cut off
 HARNESS_INFO = mt.Implementation(name="harness", version="0.1.0")
-
-
-class McpUnavailable(Exception):
-    """The server could not be started: the reason, for the tool error and the event."""
 
 
 def _reason(error: BaseException) -> str:
@@ -88,42 +81,23 @@ def _cancelled(error: BaseException) -> bool:
     return False
 
 
-@dataclass
-class ServerStatus:
-    """One line of ``harness mcp``."""
-
-    name: str
-    transport: str
-    state: State
-    tools: int
-    schema_tokens: int
-    last_error: str | None
-    prompts: list[str] = field(default_factory=list)
-    resources: bool = False
-    warnings: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "transport": self.transport,
-            "state": self.state,
-            "tools": self.tools,
-            "schema_tokens": self.schema_tokens,
-            "last_error": self.last_error,
-            "prompts": self.prompts,
-            "resources": self.resources,
-            "warnings": self.warnings,
-        }
-
-
 class McpClient:
     """One server: its connection, its tools, its state."""
 
     def __init__(
-        self, name: str, spec: McpServerSpec, hub: McpHub, environ: Mapping[str, str]
+        self,
+        name: str,
+        spec: McpServerSpec,
+        hub: Hub,
+        environ: Mapping[str, str],
+        *,
+        scope: str | None = None,
     ) -> None:
         self.name = name
         self.spec = spec
+        # The one session an ACP client gave this server to (None: configured, shared).
+        # Its ``env`` and ``headers`` are the client's literal values, not ``${VAR}``s.
+        self.scope = scope
         self._hub = hub
         self._environ = environ
         self.state: State = "idle" if spec.enabled else "disabled"
@@ -261,13 +235,14 @@ class McpClient:
         spec = self.spec
         try:
             if spec.command is not None:
-                env = {**tool_environment(environ=self._environ), **expand(spec.env, self._environ)}
+                env = {**tool_environment(environ=self._environ), **self._expand(spec.env)}
                 cwd = Path(spec.cwd).expanduser() if spec.cwd else self._directory
-                stderr = self._hub.home / "logs" / f"mcp-{self.name}.stderr"
+                log_name = self.name if self.scope is None else f"{self.scope}-{self.name}"
+                stderr = self._hub.home / "logs" / f"mcp-{log_name}.stderr"
                 async with open_stdio(spec.command, cwd=cwd, env=env, stderr=stderr) as server:
                     yield server.read, server.write, server
                 return
-            headers = expand(spec.headers, self._environ)
+            headers = self._expand(spec.headers)
         except MissingVariable as error:
             raise McpUnavailable(str(error)) from None
         from mcp.client.streamable_http import streamable_http_client
@@ -279,6 +254,11 @@ class McpClient:
             streamable_http_client(spec.url, http_client=client) as (read, write),
         ):
             yield read, write, None
+
+    def _expand(self, values: Mapping[str, str]) -> dict[str, str]:
+        # A client's values are literal: a ``${VAR}`` in them must not read harness's
+        # environment (a key the client was never given).
+        return dict(values) if self.scope is not None else expand(values, self._environ)
 
     async def _on_message(self, message: Any) -> None:
         if isinstance(message, mt.ToolListChangedNotification):
@@ -351,7 +331,7 @@ class McpClient:
     def _take_tools(self, listed: Sequence[mt.Tool], bad: Sequence[tuple[str, str]] = ()) -> None:
         infos: dict[str, McpToolInfo] = {}
         self.warnings = []
-        taken = self._hub.taken_names(self.name)
+        taken = self._hub.taken_names(self.name, self.scope)
         for unread, why in bad:
             self._warn(unread, why)
         for tool in listed:
@@ -492,105 +472,18 @@ def _exit_reason(process: StdioServer) -> str:
     return f"{how}: {tail[-400:]}" if tail else how
 
 
-class McpHub:
-    """The MCP servers of one harness."""
-
-    def __init__(
-        self,
-        servers: Mapping[str, McpServerSpec],
-        *,
-        ledger: LedgerPort,
-        home: Path,
-        search_threshold: int,
-        environ: Mapping[str, str] | None = None,
-        reserved: frozenset[str] = frozenset(),
-    ) -> None:
-        self.ledger = ledger
-        self.home = home
-        self.search_threshold = search_threshold
-        self.reserved = reserved  # the built-in tools' names
-        env = os.environ if environ is None else environ
-        self.clients = {name: McpClient(name, spec, self, env) for name, spec in servers.items()}
-        self.version = 0  # bumped whenever a server's tools change
-        self._nursery: trio.Nursery | None = None
-        self._loaded: dict[str, set[str]] = {}  # session → tools loaded by mcp_search
-
-    @property
-    def nursery(self) -> trio.Nursery:
-        assert self._nursery is not None, "McpHub.run has not started"
-        return self._nursery
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            task_status.started()
-            await trio.sleep_forever()
-
-    def changed(self) -> None:
-        self.version += 1
-
-    def taken_names(self, server: str) -> set[str]:
-        names = set(self.reserved) | {SEARCH_TOOL}
-        for name, client in self.clients.items():
-            if name != server:
-                names |= set(client.tools)
-        return names
-
-    async def prepare(self, session_id: str, directory: Path) -> None:
-        """At a turn's start: every enabled server running, or failed with an event."""
-        async with trio.open_nursery() as nursery:
-            for client in self.clients.values():
-                if client.state not in ("running", "disabled"):
-                    nursery.start_soon(self._try, client, session_id, directory)
-
-    @staticmethod
-    async def _try(client: McpClient, session_id: str, directory: Path) -> None:
-        with contextlib.suppress(McpUnavailable):
-            await client.ensure(session_id, directory)
-
-    async def refresh(self) -> None:
-        for client in self.clients.values():
-            await client.refresh()
-
-    def tools(self) -> dict[str, Tool[Any]]:
-        return {name: tool for c in self.clients.values() for name, tool in c.tools.items()}
-
-    def infos(self) -> list[McpToolInfo]:
-        return [info for c in self.clients.values() for info in c.infos.values()]
-
-    def schema_tokens(self) -> int:
-        return sum(c.schema_tokens for c in self.clients.values())
-
-    def searching(self) -> bool:
-        """Tool-search mode: the schemas would take more than the threshold."""
-        return self.schema_tokens() > self.search_threshold
-
-    def loaded(self, session_id: str) -> set[str]:
-        return self._loaded.setdefault(session_id, set())
-
-    def knows(self, session_id: str) -> bool:
-        return session_id in self._loaded
-
-    def default_rules(self, agent: str) -> list[Rule]:
-        """The MCP layer of the defaults (DESIGN §12): a ``readOnlyHint`` tool (and a
-        resources tool) is allowed; the ``plan`` agent denies every other MCP tool; the rest
-        ask. Rules from config and the session still come after these."""
-        rules = [Rule(permission=SEARCH_TOOL, pattern="*", action="allow")]
-        for client in self.clients.values():
-            if agent == "plan":
-                prefix = tool_name(client.name, "")
-                rules.append(Rule(permission=f"{prefix}*", pattern="*", action="deny"))
-            for name in client.tools:
-                info = client.infos.get(name)
-                if info is None or info.read_only:
-                    rules.append(Rule(permission=name, pattern="*", action="allow"))
-        return rules
-
-    def status(self) -> list[ServerStatus]:
-        return [c.status() for c in self.clients.values()]
+def make_client(hub: Hub, name: str, spec: McpServerSpec, scope: str | None) -> McpClient:
+    return McpClient(name, spec, hub, hub.environ, scope=scope)
 
 
-def summary(hub: McpHub) -> dict[str, Any]:
+class McpHub(Hub):
+    """A hub whose servers are this module's clients (``harness mcp``'s probe, tests)."""
+
+    def __init__(self, servers: Mapping[str, McpServerSpec], **options: Any) -> None:
+        super().__init__(servers, client_factory=make_client, **options)
+
+
+def summary(hub: Hub) -> dict[str, Any]:
     """What ``harness mcp --json`` prints: each server, and whether tool search is on."""
     return {
         "servers": [status.to_dict() for status in hub.status()],

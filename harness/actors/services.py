@@ -26,7 +26,7 @@ from harness.tools.base import Tool
 from harness.tools.sandbox import Sandbox
 
 if TYPE_CHECKING:
-    from harness.actors.mcp_client import McpHub
+    from harness.actors.mcp_hub import McpHub
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +62,7 @@ class SessionServices:
     def rules_of(self, session: Session) -> tuple[Rule, ...]:
         """A session's own merged ruleset: defaults < agent < config < session."""
         agent = self.agents.agent_of(session)
-        mcp = self.mcp.default_rules(agent.name) if self.mcp is not None else ()
+        mcp = self.mcp.default_rules(agent.name, session.id) if self.mcp is not None else ()
         rules = (DEFAULT_RULES, self.tool_rules, agent.rules, mcp, self.config.rules)
         return tuple(merge(*rules, session.permission))
 

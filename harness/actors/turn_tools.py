@@ -23,7 +23,7 @@ from harness.tools.base import Tool
 from harness.tools.mcp import SEARCH_TOOL, McpSearchTool, McpToolInfo, SearchParams
 
 if TYPE_CHECKING:
-    from harness.actors.mcp_client import McpHub
+    from harness.actors.mcp_hub import McpHub
 
 
 class _Hidden:
@@ -55,7 +55,7 @@ class TurnTools(Mapping[str, Tool[Any]]):
         self._hub = hub
         self._session_id = session_id
         self._search = McpSearchTool(self)
-        if hub.searching() and not hub.knows(session_id):
+        if hub.searching(session_id) and not hub.knows(session_id):
             # A harness started again (or another session actor) remembers what this
             # session loaded: the ledger has its searches.
             hub.loaded(session_id).update(_loaded_before(earlier()))
@@ -71,8 +71,8 @@ class TurnTools(Mapping[str, Tool[Any]]):
             if self._version != -1:
                 self.layers[0] = self._rules_of()
             self._version = self._hub.version
-            tools = {**self._builtin, **self._hub.tools()}
-            if self._hub.infos():
+            tools = {**self._builtin, **self._hub.tools(self._session_id)}
+            if self._hub.infos(self._session_id):
                 tools[SEARCH_TOOL] = self._search
             self._hidden = set().union(*(disabled_tools(tools, rules) for rules in self.layers))
             self._tools = {name: t for name, t in tools.items() if name not in self._hidden}
@@ -95,7 +95,7 @@ class TurnTools(Mapping[str, Tool[Any]]):
 
     def mcp_tools(self) -> list[McpToolInfo]:
         tools = self._current()
-        return [info for info in self._hub.infos() if info.name in tools]
+        return [info for info in self._hub.infos(self._session_id) if info.name in tools]
 
     def load(self, names: Sequence[str]) -> None:
         self._hub.loaded(self._session_id).update(names)
@@ -104,14 +104,14 @@ class TurnTools(Mapping[str, Tool[Any]]):
 
     async def specs(self) -> tuple[ToolSpec, ...]:
         """The specs for the next step; the same tuple until something changed."""
-        await self._hub.refresh()
+        await self._hub.refresh(self._session_id)
         tools = self._current()
-        searching = self._hub.searching()
+        searching = self._hub.searching(self._session_id)
         loaded = frozenset(self._hub.loaded(self._session_id)) if searching else frozenset()
         key = (self._version, searching, loaded)
         if key == self._specs_key:
             return self._specs
-        infos = {info.name: info for info in self._hub.infos()}
+        infos = {info.name: info for info in self._hub.infos(self._session_id)}
         specs: list[ToolSpec] = []
         for name, tool in tools.items():
             if name in self._builtin_specs:
