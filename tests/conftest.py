@@ -133,7 +133,6 @@ def postgres_url() -> str:
     reason = f"${POSTGRES_ENV} is not set: no PostgreSQL to test against (.ci/run starts one)"
     if os.environ.get("CI") == "true":
         pytest.fail(f"{reason}; under CI=true the PostgreSQL tests must run")
-    _POSTGRES_SKIPPED.append(reason)
     pytest.skip(reason)
 
 
@@ -159,6 +158,15 @@ def postgres_schema() -> Iterator[str]:
     finally:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # Counted from the reports, which reach the process that prints the summary whether
+    # the tests ran in it or in pytest-xdist's workers.
+    if report.skipped and POSTGRES_ENV in str(report.longrepr):
+        _POSTGRES_SKIPPED.append(
+            f"${POSTGRES_ENV} is not set: no PostgreSQL to test against (.ci/run starts one)"
+        )
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
