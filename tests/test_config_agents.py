@@ -10,34 +10,12 @@ built-in agent changed field by field; ``--agent`` refusing what it cannot run; 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-
-def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
-    env.pop("MISTRAL_API_KEY", None)
-    env["HARNESS_HOME"] = str(tmp_path / "home")
-    env["HARNESS_SOCKET"] = str(tmp_path / "no-daemon.sock")
-    env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")
-    env.update(extra)
-    return env
-
-
-def _harness(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "harness", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-    )
+from cli_runs import isolated_env as _env
+from cli_runs import run_harness as _harness
 
 
 def _script(path: Path, *turns: dict[str, Any], subtasks: dict[str, Any] | None = None) -> str:

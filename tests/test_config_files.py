@@ -8,7 +8,6 @@ sources, a named provider answering through a local wire server, file permission
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,30 +15,11 @@ from typing import Any
 
 import pytest
 import trio
+from cli_runs import isolated_env as _env
+from cli_runs import run_harness as _harness
 from wire_server import Reply, chunk, wire_server
 
 USAGE = {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}
-
-
-def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
-    env.pop("MISTRAL_API_KEY", None)
-    env["HARNESS_HOME"] = str(tmp_path / "home")
-    env["HARNESS_SOCKET"] = str(tmp_path / "no-daemon.sock")
-    env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")
-    env.update(extra)
-    return env
-
-
-def _harness(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "harness", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-    )
 
 
 def _script(path: Path, *turns: dict[str, Any]) -> str:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Annotated, Any
@@ -20,6 +18,7 @@ from typing import Annotated, Any
 import pytest
 import trio
 import trio.lowlevel
+from cli_runs import run_harness as _harness
 from conftest import ScriptedHarness, ToolParts
 from pydantic import BaseModel, Field
 
@@ -490,17 +489,6 @@ def _setup_files(tmp_path: Path, tools: str) -> Path:
     config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text(f'model = "scripted:{script}"\ntools = {tools}\n')
     return config
-
-
-def _harness(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "harness", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-    )
 
 
 def _shout_output(env: dict[str, str], directory: Path) -> dict[str, Any]:
