@@ -13,7 +13,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.commands.base import SANDBOX_HELP, SANDBOX_MODES, UsageError
+from harness.commands.base import (
+    SANDBOX_HELP,
+    SANDBOX_MODES,
+    UsageError,
+    add_rule_flags,
+    rule_flags,
+)
 
 
 def register(commands: Any) -> None:
@@ -28,23 +34,7 @@ def register(commands: Any) -> None:
     acp.add_argument("--base-url", help="the provider's server root (default: the provider's)")
     acp.add_argument("--agent", help="build (default) or plan")
     acp.add_argument("--max-steps", type=int, help="stop each prompt's turn after N model steps")
-    acp.add_argument(
-        "--yes", action="store_true", help="allow every permission that asks (never a deny)"
-    )
-    acp.add_argument(
-        "--allow",
-        action="append",
-        default=[],
-        metavar="PERMISSION[:PATTERN]",
-        help="allow a permission, e.g. --allow 'bash:git *' (repeatable)",
-    )
-    acp.add_argument(
-        "--deny",
-        action="append",
-        default=[],
-        metavar="PERMISSION[:PATTERN]",
-        help="deny a permission, e.g. --deny edit (repeatable)",
-    )
+    add_rule_flags(acp)
     acp.add_argument("--sandbox", choices=SANDBOX_MODES, help=SANDBOX_HELP)
 
 
@@ -56,15 +46,10 @@ def _acp(args: argparse.Namespace) -> int:
         SessionFlags,
         config_overrides,
         load_settings,
-        parse_rule_flag,
         serve_acp,
     )
 
-    try:
-        rules = [parse_rule_flag(text, "allow") for text in args.allow]
-        rules += [parse_rule_flag(text, "deny") for text in args.deny]
-    except ValueError as error:
-        raise UsageError(str(error)) from error
+    rules = rule_flags(args)
     # The harness-wide settings (providers, budget, sandbox) are those of a run in the
     # directory the editor started us in; each session's model, agent and rules are read
     # for its own cwd when it is created.

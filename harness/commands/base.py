@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from harness import Reader
+    from harness import Reader, Rule
     from harness.client import Client
 
 # Exit codes (contract): 0 answered, 1 error, 2 usage, 3 stopped by a limit, 4 stopped by
@@ -44,6 +45,43 @@ T = TypeVar("T")
 
 class UsageError(Exception):
     """Bad flags or arguments: exit 2 with the message."""
+
+
+def add_rule_flags(parser: argparse.ArgumentParser) -> None:
+    """``--yes``, ``--allow`` and ``--deny``: the same words on every command that runs turns."""
+    parser.add_argument(
+        "--yes", action="store_true", help="allow every permission that asks (never a deny)"
+    )
+    parser.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        metavar="PERMISSION[:PATTERN]",
+        help="allow a permission, e.g. --allow 'bash:git *' (repeatable)",
+    )
+    parser.add_argument(
+        "--deny",
+        action="append",
+        default=[],
+        metavar="PERMISSION[:PATTERN]",
+        help="deny a permission, e.g. --deny edit (repeatable)",
+    )
+
+
+def rule_flags(args: argparse.Namespace) -> list[Rule]:
+    """The session rules ``--allow`` and ``--deny`` give; a bad one is a usage error.
+
+    ``--yes`` is not a rule: it answers asks (Config.yes, TurnFollower), so no rule it could
+    outrank, the plan agent's ``edit deny`` included, is ever lifted by it.
+    """
+    from harness import parse_rule_flag
+
+    try:
+        rules = [parse_rule_flag(text, "allow") for text in args.allow]
+        rules += [parse_rule_flag(text, "deny") for text in args.deny]
+    except ValueError as error:
+        raise UsageError(str(error)) from error
+    return rules
 
 
 def leaves(error: BaseException) -> list[BaseException]:

@@ -16,10 +16,12 @@ from harness.commands.base import (
     SANDBOX_HELP,
     SANDBOX_MODES,
     UsageError,
+    add_rule_flags,
     client,
     error_line,
     pause_collector,
     resume_collector,
+    rule_flags,
 )
 
 if TYPE_CHECKING:
@@ -40,23 +42,7 @@ def register(commands: Any) -> None:
     run.add_argument("--session", help="continue this session instead of starting one")
     run.add_argument("--agent", help="build (default) or plan")
     run.add_argument("--max-steps", type=int, help="stop after N model steps (exit 3)")
-    run.add_argument(
-        "--yes", action="store_true", help="allow every permission that asks (never a deny)"
-    )
-    run.add_argument(
-        "--allow",
-        action="append",
-        default=[],
-        metavar="PERMISSION[:PATTERN]",
-        help="allow a permission, e.g. --allow 'bash:git *' (repeatable)",
-    )
-    run.add_argument(
-        "--deny",
-        action="append",
-        default=[],
-        metavar="PERMISSION[:PATTERN]",
-        help="deny a permission, e.g. --deny edit (repeatable)",
-    )
+    add_rule_flags(run)
     run.add_argument("--json", action="store_true", help="print one event per line on stdout")
     run.add_argument(
         "--embedded", action="store_true", help="run in this process even when a daemon answers"
@@ -82,20 +68,6 @@ def register(commands: Any) -> None:
     run.add_argument("--sandbox", choices=SANDBOX_MODES, help=SANDBOX_HELP)
 
 
-def _rules(args: argparse.Namespace) -> list[Rule]:
-    from harness import parse_rule_flag
-
-    # --yes is not a rule: it answers asks (Config.yes, TurnFollower), so no rule it could
-    # outrank, the plan agent's `edit deny` included, is ever lifted by it.
-    rules: list[Rule] = []
-    try:
-        rules += [parse_rule_flag(text, "allow") for text in args.allow]
-        rules += [parse_rule_flag(text, "deny") for text in args.deny]
-    except ValueError as error:
-        raise UsageError(str(error)) from error
-    return rules
-
-
 def _prompt_text(args: argparse.Namespace) -> str:
     text = sys.stdin.read() if args.prompt == ["-"] else " ".join(args.prompt)
     if not text.strip():
@@ -119,7 +91,7 @@ def _start(args: argparse.Namespace) -> int:
         if value is not None and not value > 0:
             raise UsageError(f"--{flag.replace('_', '-')} must be more than 0")
     text = _prompt_text(args)
-    rules = _rules(args)
+    rules = rule_flags(args)
     directory = Path(args.dir).expanduser()
     if not directory.is_dir():
         raise UsageError(f"--dir {args.dir}: no such directory")
