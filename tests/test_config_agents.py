@@ -325,3 +325,42 @@ def test_daemon_refuses_to_start_on_a_bad_global_agent_file(
     assert done.returncode == 1, done.stderr
     assert done.stderr.strip().splitlines() == [done.stderr.strip()]
     assert str(bad) in done.stderr and "steps" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_config_lists_agents_with_their_files_and_skills_with_the_skipped_ones(
+    tmp_path: Path,
+) -> None:
+    repo, work = _repo(tmp_path)
+    env = _env(tmp_path)
+    global_file = _write(
+        Path(env["XDG_CONFIG_HOME"]) / "harness" / "agents" / "reviewer.md",
+        "---\ndescription: reviews\nmode: subagent\n---\nReview.\n",
+    )
+    project_file = _write(repo / ".harness" / "agents" / "reviewer.md", "---\nsteps: 3\n---\n")
+    table = _write(repo / ".harness" / "config.toml", '[agents.tester]\ndescription = "tests"\n')
+    skill = _write(
+        repo / ".harness" / "skills" / "lint" / "SKILL.md",
+        "---\nname: lint\ndescription: run the linter\n---\nbody\n",
+    )
+    broken = _write(repo / ".harness" / "skills" / "broken" / "SKILL.md", "no front matter\n")
+    # A name a hostile file could choose, with a terminal escape: refused, and its reason
+    # shown as text, never obeyed.
+    odd = _write(repo / ".harness" / "skills" / "odd" / "SKILL.md",
+           "---\nname: \"odd\\e[2J\"\ndescription: x\n---\n")
+
+    shown = _harness(env, "config", "--dir", str(work), "--json")
+    assert shown.returncode == 0, shown.stderr
+    report = json.loads(shown.stdout)
+    assert report["agents"] == {
+        "reviewer": [str(global_file), str(project_file.resolve())],
+        "tester": [str(table.resolve())],
+    }
+    assert report["skills"]["lint"] == str(skill.resolve())
+    assert [p["file"] for p in report["skills_skipped"]] == [str(broken), str(odd)]
+
+    text = _harness(env, "config", "--dir", str(work))
+    assert text.returncode == 0, text.stderr
+    assert f"agent reviewer  ({global_file}, {project_file.resolve()})" in text.stdout
+    assert f"skill lint  ({skill.resolve()})" in text.stdout
+    assert f"skill skipped: {broken}: " in text.stdout
+    assert "\x1b" not in text.stdout

@@ -1,5 +1,5 @@
 """``harness config``: the configuration that applies in a directory, and where each value
-came from (DESIGN §11)."""
+came from (DESIGN §11), with the agents and skills a session there would find."""
 
 from __future__ import annotations
 
@@ -28,15 +28,54 @@ def _config(args: argparse.Namespace) -> int:
     if not directory.is_dir():
         raise UsageError(f"--dir {args.dir}: no such directory")
     settings = load_settings(directory)
+    agents = _agent_sources(directory)
+    skills, skipped = _skills(directory)
     # Only names of key variables are ever in the files, never a key: nothing to hide.
     if args.json:
-        print(json.dumps({"config": settings.values, "sources": settings.sources}, indent=2))
+        report = {
+            "config": settings.values,
+            "sources": settings.sources,
+            "agents": agents,
+            "skills": skills,
+            "skills_skipped": skipped,
+        }
+        print(json.dumps(report, indent=2))
         return 0
     width = max(len(key) for key in settings.sources)
     for key, source in sorted(settings.sources.items()):
         line = f"{key:<{width}}  {json.dumps(_value(settings.values, key))}  ({source})"
         print(printable(line, one_line=True))  # a key or a file's path may hold anything
+    # Names and paths come from the user's folders, which may hold anything: printable.
+    for name, sources in agents.items():
+        print(printable(f"agent {name}  ({', '.join(sources)})", one_line=True))
+    for name, file in skills.items():
+        print(printable(f"skill {name}  ({file})", one_line=True))
+    for problem in skipped:
+        print(printable(f"skill skipped: {problem['file']}: {problem['reason']}", one_line=True))
     return 0
+
+
+def _agent_sources(directory: Path) -> dict[str, list[str]]:
+    """Each agent that a file or table defines or changes, and those files, lowest first
+    (global before project, a folder's file before a table): the order they are laid on."""
+    from harness.agent_files import global_definitions, project_definitions
+
+    sources: dict[str, list[str]] = {}
+    for definition in [*global_definitions(), *project_definitions(directory.resolve())]:
+        layers = sources.setdefault(definition.name, [])
+        if definition.source not in layers:
+            layers.append(definition.source)
+    return dict(sorted(sources.items()))
+
+
+def _skills(directory: Path) -> tuple[dict[str, str], list[dict[str, str]]]:
+    """The skills a session in ``directory`` would list, by name with their SKILL.md, and
+    the files skipped with the reason (the ``skill.invalid`` events a session would record)."""
+    from harness.skills import discover
+
+    found, problems = discover(directory.resolve())
+    skipped = [{"file": problem.file, "reason": problem.reason} for problem in problems]
+    return {skill.name: skill.file for skill in found}, skipped
 
 
 def _value(values: dict[str, Any], dotted: str) -> Any:
