@@ -351,3 +351,148 @@ def test_an_ask_raised_on_the_holder_is_listed_and_answered_through_another_daem
     )
     sources = [json.loads(row[0])["source"] for row in decided]
     assert sources == ["reply"] * len(answered) and len(answered) >= 1
+
+
+# --- what a daemon that does not run the session can do to it (issue 18) --------------------
+
+QUESTION = {
+    "question": "Which database?",
+    "options": [{"label": "Postgres", "description": "a server"}, {"label": "SQLite"}],
+}
+
+
+def others_of(cluster: Cluster, session_id: str, daemons: list[Daemon]) -> tuple[Daemon, Daemon]:
+    """The daemon holding the session's lease, and one that does not."""
+    wait_for("a daemon to hold the session", lambda: cluster.holder_pid(session_id) is not None)
+    holder_pid = cluster.holder_pid(session_id)
+    holder = next(d for d in daemons if d.process.pid == holder_pid)
+    return holder, next(d for d in daemons if d is not holder)
+
+
+def api_error(call: Callable[[], object]) -> tuple[int, str, str]:
+    from harness.client import ApiError
+
+    with pytest.raises(ApiError) as raised:
+        call()
+    return raised.value.status, raised.value.code, raised.value.message
+
+
+def test_a_question_asked_on_the_holder_is_listed_and_answered_through_another_daemon(
+    cluster: Cluster, tmp_path: Path, project: Path
+) -> None:
+    daemons = cluster.start(2)
+    model = script(
+        tmp_path / "s.json",
+        [
+            {"tool_calls": [{"name": "question", "arguments": {"questions": [QUESTION]}}]},
+            {"text": "noted"},
+            {"tool_calls": [{"name": "question", "arguments": {"questions": [QUESTION]}}]},
+            {"text": "not reached"},
+        ],
+    )
+    sid = daemons[0].client.create_session(directory=str(project), model=model)["id"]
+    daemons[1].client.prompt(sid, "ask me")
+    asked: list[dict[str, Any]] = []
+
+    def listed_everywhere() -> bool:
+        asked[:] = daemons[1].client.questions(sid)
+        return bool(asked) and daemons[0].client.questions(sid) == asked
+
+    wait_for("the question to be listed on both daemons", listed_everywhere)
+    holder, other = others_of(cluster, sid, daemons)
+    question_id = asked[0]["id"]
+    # Bad answers and unknown ids get, through the other daemon, what the holder says.
+    wrong = [["Postgres"], ["SQLite"]]  # two answers for one question
+    assert api_error(lambda: other.client.answer_question(question_id, wrong)) == api_error(
+        lambda: holder.client.answer_question(question_id, wrong)
+    )
+    assert api_error(lambda: other.client.answer_question(question_id, wrong))[0] == 422
+    unknown = api_error(lambda: other.client.answer_question("que_nope", [["x"]]))
+    assert unknown == api_error(lambda: holder.client.answer_question("que_nope", [["x"]]))
+    assert unknown[:2] == (404, "not_found")
+    assert other.client.questions(sid) == asked  # still pending after the bad answers
+    other.client.answer_question(question_id, [[" Postgres "]])
+    wait_for("the turn to finish", lambda: len(cluster.finished(sid)) == 1)
+    assert cluster.finished(sid)[0]["answer"] == "noted"
+    tools = [p for m in holder.client.messages(sid) for p in m["parts"] if p["type"] == "tool"]
+    assert tools[0]["state"]["status"] == "completed"
+    assert "Postgres" in tools[0]["state"]["output"]
+    replied = cluster.query(
+        "SELECT data FROM events WHERE type = 'question.replied' AND session_id = %s", sid
+    )
+    assert [json.loads(row[0])["answers"] for row in replied] == [[["Postgres"]]]
+    assert holder.client.questions(sid) == [] and other.client.questions(sid) == []
+    # A rejection through the other daemon: the turn stops, as on one daemon.
+    daemons[0].client.prompt(sid, "ask again")
+    wait_for("the second question", lambda: bool(daemons[0].client.questions(sid)))
+    holder, other = others_of(cluster, sid, daemons)
+    second = other.client.questions(sid)[0]["id"]
+    other.client.reject_question(second)
+    wait_for("the second turn to finish", lambda: len(cluster.finished(sid)) == 2)
+    assert cluster.finished(sid)[1]["reason"] != "answered"
+    assert api_error(lambda: other.client.reject_question(second))[:2] == (404, "not_found")
+
+
+def test_cancel_through_another_daemon_stops_the_turn_on_its_holder(
+    cluster: Cluster, tmp_path: Path, project: Path
+) -> None:
+    daemons = cluster.start(2)
+    command = "sleep 61.8181"
+    model = script(
+        tmp_path / "s.json",
+        [
+            {"tool_calls": [{"name": "bash", "arguments": {"command": command}}]},
+            {"text": "never"},
+        ],
+    )
+    sid = daemons[0].client.create_session(directory=str(project), model=model, permission=ALLOW)
+    sid = sid["id"]
+    daemons[0].client.prompt(sid, "sleep")
+    running = "SELECT 1 FROM parts WHERE session_id = %s AND status = 'running'"
+    wait_for("the bash to run", lambda: cluster.query(running, sid) != [] and alive_with(command))
+    holder, other = others_of(cluster, sid, daemons)
+    started = time.monotonic()
+    assert other.client.cancel(sid) is True
+    wait_for("the turn to end", lambda: len(cluster.finished(sid)) == 1, timeout=10)
+    latency = time.monotonic() - started
+    assert cluster.finished(sid)[0]["reason"] == "cancelled"
+    wait_for("the command to be killed", lambda: not alive_with(command), timeout=10)
+    assert latency < 5, f"a cancel through another daemon took {latency:.2f}s"
+    wait_for("the lease to be given back", lambda: cluster.holder_pid(sid) is None)
+    # Nothing runs any more: the same answer through either daemon.
+    assert other.client.cancel(sid) is False and holder.client.cancel(sid) is False
+    unknown = api_error(lambda: other.client.cancel("ses_unknown"))
+    assert unknown == api_error(lambda: holder.client.cancel("ses_unknown"))
+    assert unknown[:2] == (404, "not_found")
+    assert users(other.client.messages(sid)) == ["sleep"]
+
+
+def test_delete_through_another_daemon_leaves_no_turn_running_on_the_holder(
+    cluster: Cluster, tmp_path: Path, project: Path
+) -> None:
+    daemons = cluster.start(2)
+    model = script(tmp_path / "s.json", [{"text": "slow", "delay": 60}])
+    sid = daemons[0].client.create_session(directory=str(project), model=model)["id"]
+    daemons[0].client.prompt(sid, "take your time")
+    streaming = "SELECT 1 FROM turns WHERE session_id = %s"
+    wait_for("the turn to start", lambda: cluster.query(streaming, sid) != [])
+    holder, other = others_of(cluster, sid, daemons)
+    other.client.delete(sid)
+    kinds = [
+        row[0]
+        for row in cluster.query(
+            "SELECT type FROM events WHERE session_id = %s ORDER BY seq", sid
+        )
+    ]
+    # The turn ended (cancelled, on its holder) before the deletion was written.
+    assert kinds[-1] == "session.deleted" and "turn.finished" in kinds
+    assert cluster.finished(sid)[0]["reason"] == "cancelled"
+    assert cluster.query(streaming, sid) == []
+    wait_for("the lease to be given back", lambda: cluster.holder_pid(sid) is None)
+    time.sleep(LEASE)  # a zombie turn would write again, or renew its lease, by now
+    after = cluster.query("SELECT type FROM events WHERE session_id = %s ORDER BY seq", sid)
+    assert [row[0] for row in after] == kinds
+    assert cluster.holder_pid(sid) is None
+    for daemon in daemons:
+        assert api_error(lambda d=daemon: d.client.session(sid))[0] == 404  # type: ignore[misc]
+        assert sid not in [s["id"] for s in daemon.client.sessions()]
