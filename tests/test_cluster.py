@@ -493,6 +493,7 @@ def test_delete_through_another_daemon_leaves_no_turn_running_on_the_holder(
     after = cluster.query("SELECT type FROM events WHERE session_id = %s ORDER BY seq", sid)
     assert [row[0] for row in after] == kinds
     assert cluster.holder_pid(sid) is None
+    assert "session actor died" not in holder.log.read_text()
     for daemon in daemons:
         assert api_error(lambda d=daemon: d.client.session(sid))[0] == 404  # type: ignore[misc]
         assert sid not in [s["id"] for s in daemon.client.sessions()]
