@@ -497,3 +497,60 @@ def test_delete_through_another_daemon_leaves_no_turn_running_on_the_holder(
     for daemon in daemons:
         assert api_error(lambda d=daemon: d.client.session(sid))[0] == 404  # type: ignore[misc]
         assert sid not in [s["id"] for s in daemon.client.sessions()]
+
+
+def collect_turn(stream: Any, into: list[Any]) -> None:
+    """Read a stream's events until a turn finishes (in a thread of its own)."""
+    for event in stream:
+        into.append(event)
+        if event.type == "turn.finished":
+            return
+
+
+def test_deltas_stream_to_subscribers_of_every_daemon_not_only_the_holders(
+    cluster: Cluster, tmp_path: Path, project: Path
+) -> None:
+    import threading
+
+    daemons = cluster.start(3)
+    long_text = "".join(f"{index:05d}é" for index in range(4000))  # 24 kB: two 12 kB deltas
+    model = script(
+        tmp_path / "s.json",
+        [
+            {"text": "one two three four five six", "chunks": 6, "chunk_delay": 0.15},
+            {"text": long_text, "chunks": 2, "chunk_delay": 0.2},
+        ],
+    )
+    sid = daemons[0].client.create_session(directory=str(project), model=model)["id"]
+    for text, turn in (("one two three four five six", "short"), (long_text, "long")):
+        streams = [daemon.client.events(sid) for daemon in daemons]
+        seen: list[list[Any]] = [[] for _ in daemons]
+        for stream in streams:
+            stream.open()  # subscribed, here and by the holder's relay, before the prompt
+        readers = [
+            threading.Thread(target=collect_turn, args=(stream, into), daemon=True)
+            for stream, into in zip(streams, seen, strict=True)
+        ]
+        for reader in readers:
+            reader.start()
+        daemons[0].client.prompt(sid, f"a {turn} answer")
+        for reader in readers:
+            reader.join(DEADLINE)
+        for stream in streams:
+            stream.close()
+        for index, events in enumerate(seen):
+            assert events and events[-1].type == "turn.finished", f"daemon {index}"
+            assert events[-1].data["answer"] == text
+            deltas = [e for e in events if e.type == "part.delta"]
+            assert "".join(e.data["delta"] for e in deltas) == text, f"daemon {index}"
+            assert len(deltas) >= (3 if turn == "short" else 2), f"daemon {index}: {len(deltas)}"
+            ended = next(
+                i for i, e in enumerate(events)
+                if e.type == "part.updated" and e.data.get("type") == "text" and e.data.get("end")
+            )  # fmt: skip
+            assert all(events.index(d) < ended for d in deltas), "a delta after its part ended"
+        if turn == "long":  # relayed in pieces under PostgreSQL's 8,000-byte NOTIFY limit
+            counts = sorted(sum(e.type == "part.delta" for e in events) for events in seen)
+            assert counts[0] == 2 and counts[-1] >= 4, counts
+    # Nobody watches any more: the watch rows are gone.
+    wait_for("the watch rows to go", lambda: cluster.query("SELECT * FROM watchers") == [])
