@@ -554,3 +554,86 @@ def test_deltas_stream_to_subscribers_of_every_daemon_not_only_the_holders(
             assert counts[0] == 2 and counts[-1] >= 4, counts
     # Nobody watches any more: the watch rows are gone.
     wait_for("the watch rows to go", lambda: cluster.query("SELECT * FROM watchers") == [])
+
+
+def test_the_cli_through_a_daemon_that_does_not_run_the_session(
+    cluster: Cluster, tmp_path: Path, project: Path
+) -> None:
+    """harness events/answer/approve/show/sessions/cancel, run against the other daemon."""
+    daemons = cluster.start(2)
+    model = script(
+        tmp_path / "s.json",
+        [
+            {"tool_calls": [{"name": "question", "arguments": {"questions": [QUESTION]}}]},
+            {"tool_calls": [{"name": "bash", "arguments": {"command": "echo ok > done.txt"}}]},
+            {"text": "all done", "chunks": 4, "chunk_delay": 0.1},
+        ],
+    )
+    sid = daemons[0].client.create_session(directory=str(project), model=model)["id"]
+
+    def cli(daemon: Daemon, *args: str) -> subprocess.CompletedProcess[str]:
+        env = dict(cluster.env, HARNESS_SOCKET=str(daemon.client.socket_path))
+        return subprocess.run(
+            [sys.executable, "-m", "harness", *args],
+            env=env, capture_output=True, text=True, timeout=DEADLINE,
+        )  # fmt: skip
+
+    daemons[0].client.prompt(sid, "ask, then run")
+    wait_for("the question", lambda: bool(daemons[1].client.questions(sid)))
+    holder, other = others_of(cluster, sid, daemons)
+    env = dict(cluster.env, HARNESS_SOCKET=str(other.client.socket_path))
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "harness", "events", "--session", sid, "--after", "0", "--json"],
+        env=env, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        question = other.client.questions(sid)[0]["id"]
+        unknown = cli(other, "answer", "que_unknown", "x")
+        assert unknown.returncode != 0
+        assert (unknown.returncode, unknown.stderr) == (
+            (same := cli(holder, "answer", "que_unknown", "x")).returncode, same.stderr
+        )
+        answered = cli(other, "answer", question, "SQLite")
+        assert answered.returncode == 0, answered.stderr
+        events: list[dict[str, Any]] = []
+
+        def read() -> None:
+            assert follower.stdout is not None
+            for line in follower.stdout:
+                events.append(json.loads(line))
+                if events[-1]["type"] == "turn.finished":
+                    return
+
+        import threading
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        approved: set[str] = set()
+
+        def approve_each() -> bool:
+            # bash, and the write its redirection makes: each approved through the CLI.
+            for ask in other.client.permissions(sid):
+                if ask["id"] not in approved:
+                    approved.add(ask["id"])
+                    done = cli(other, "approve", ask["id"])
+                    assert done.returncode == 0, done.stderr
+            return not reader.is_alive()
+
+        wait_for("the turn to finish", approve_each)
+        assert approved
+        assert events and events[-1]["type"] == "turn.finished", [e["type"] for e in events]
+    finally:
+        follower.kill()
+        follower.wait()
+    assert events[-1]["data"]["answer"] == "all done"
+    deltas = "".join(e["data"]["delta"] for e in events if e["type"] == "part.delta")
+    assert deltas == "all done"
+    seqs = [e["seq"] for e in events if e["seq"] is not None]
+    assert seqs == sorted(seqs) and len(seqs) == len(set(seqs))
+    assert (project / "done.txt").read_text() == "ok\n"
+    shown = json.loads(cli(other, "show", sid, "--json").stdout)
+    assert "all done" in json.dumps(shown)
+    listed = json.loads(cli(other, "sessions", "--json").stdout)
+    assert sid in json.dumps(listed)
+    cancelled = cli(other, "cancel", sid, "--json")
+    assert json.loads(cancelled.stdout)["cancelled"] is False
