@@ -637,3 +637,60 @@ def test_the_cli_through_a_daemon_that_does_not_run_the_session(
     assert sid in json.dumps(listed)
     cancelled = cli(other, "cancel", sid, "--json")
     assert json.loads(cancelled.stdout)["cancelled"] is False
+
+
+def test_connections_cut_mid_turn_are_remade_and_the_turn_finishes_with_nothing_lost(
+    cluster: Cluster, tmp_path: Path, project: Path
+) -> None:
+    """pg_terminate_backend on every connection of both daemons, twice, mid-tool and
+    mid-stream: each one reconnects, and the turn ends once, with its bash run once."""
+    import uuid
+
+    name = f"harness-cut-{uuid.uuid4().hex[:8]}"
+    cluster.url += f"&application_name={name}"
+    daemons = cluster.start(2)
+    count = tmp_path / "count"
+    model = script(
+        tmp_path / "s.json",
+        [
+            {"tool_calls": [{"name": "bash", "arguments": {
+                "command": f"echo once >> {count} && sleep 1.5"}}]},
+            {"text": "survived the cuts", "chunks": 10, "chunk_delay": 0.15},
+        ],
+    )  # fmt: skip
+    sid = daemons[0].client.create_session(directory=str(project), model=model, permission=ALLOW)
+    sid = sid["id"]
+    follow = daemons[1].client.events(sid)
+    follow.open()
+    seen: list[Any] = []
+    import threading
+
+    reader = threading.Thread(target=collect_turn, args=(follow, seen), daemon=True)
+    reader.start()
+    sent = daemons[0].client.prompt(sid, "count once")
+
+    def cut() -> int:
+        return len(cluster.query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE application_name = %s AND pid <> pg_backend_pid()", name,
+        ))  # fmt: skip
+
+    wait_for("the bash to run", lambda: lines(count) == 1)
+    assert cut() >= 8  # four connections per daemon at least (write, control, read, listen)
+    wait_for("the answer to stream", lambda: any(e.type == "part.delta" for e in seen))
+    assert cut() >= 8
+    reader.join(DEADLINE)
+    follow.close()
+    assert seen and seen[-1].type == "turn.finished"
+    assert seen[-1].data["message_id"] == sent
+    assert seen[-1].data["answer"] == "survived the cuts"
+    assert [f["answer"] for f in cluster.finished(sid)] == ["survived the cuts"]
+    assert lines(count) == 1
+    assert users(daemons[1].client.messages(sid)) == ["count once"]
+    durable = [e.seq for e in seen if e.seq is not None]
+    assert durable == sorted(set(durable))
+    seqs = [row[0] for row in cluster.query("SELECT seq FROM events ORDER BY seq")]
+    assert seqs == list(range(1, len(seqs) + 1))
+    # Both daemons are connected again and serve: a second turn runs through the other.
+    assert len(cluster.query(
+        "SELECT 1 FROM pg_stat_activity WHERE application_name = %s", name)) >= 8  # fmt: skip

@@ -28,9 +28,9 @@ import json
 import secrets
 import threading
 import zlib
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 import trio
@@ -42,6 +42,8 @@ if TYPE_CHECKING:
     import psycopg
 
 log = structlog.get_logger("harness.ledger")
+
+T = TypeVar("T")
 
 # PostgreSQL refuses a NOTIFY payload of 8,000 bytes or more (its default page size):
 # what is sent stays under it, with room for the list's brackets and commas.
@@ -158,7 +160,9 @@ class LiveRelay:
         key = session_id or ALL
         self._mine[key] = self._mine.get(key, 0) + 1
         try:
-            if key not in self._rows:
+            # The first subscriber always makes sure: a removal of the row may be under
+            # way in a thread (the last one just left), and must not win.
+            if self._mine[key] == 1 or key not in self._rows:
                 await self._sync(key)
                 if self._rows:
                     self._active.set()
@@ -182,8 +186,14 @@ class LiveRelay:
             wanted = key in self._mine
             if wanted == (key in self._rows):
                 return
-            conn = self._connection()
-            with conn.transaction():
+            self._on_connection(lambda conn: self._write_row(conn, key, wanted))
+            if wanted:
+                self._rows.add(key)
+            else:
+                self._rows.discard(key)
+
+    def _write_row(self, conn: psycopg.Connection[tuple[Any, ...]], key: str, wanted: bool) -> None:
+        with conn.transaction():
                 if wanted:
                     conn.execute(
                         "INSERT INTO watchers(channel, session_id, expires) VALUES"
@@ -201,16 +211,25 @@ class LiveRelay:
                 conn.execute(
                     "SELECT pg_notify(%s, %s)", (self.watch_channel, f"{sign} {self.channel} {key}")
                 )
-            if wanted:
-                self._rows.add(key)
-            else:
-                self._rows.discard(key)
 
     def _connection(self) -> psycopg.Connection[tuple[Any, ...]]:
         conn = self._conn
         if conn is None or conn.closed or conn.broken:
             conn = self._conn = self._connect()
         return conn
+
+    def _on_connection(self, work: Callable[[psycopg.Connection[tuple[Any, ...]]], T]) -> T:
+        """``work`` on the relay's connection, made again once if the server dropped it
+        (a restart, ``pg_terminate_backend``); the caller holds ``_lock``."""
+        import psycopg
+
+        conn = self._connection()
+        try:
+            return work(conn)
+        except psycopg.OperationalError:
+            if not conn.broken and not conn.closed:
+                raise
+        return work(self._connection())
 
     # --- the LISTEN connection's side ------------------------------------------------------
 
@@ -302,11 +321,14 @@ class LiveRelay:
             log.warning("live events not relayed", count=len(batch), error=str(error))
 
     def _notify_sync(self, notes: list[tuple[str, str]]) -> None:
+        channels, texts = [c for c, _ in notes], [p for _, p in notes]
         with self._lock:
-            self._connection().execute(
-                "SELECT pg_notify(c, p) FROM unnest(%s::text[], %s::text[])"
-                " WITH ORDINALITY AS t(c, p, n) ORDER BY n",
-                ([c for c, _ in notes], [p for _, p in notes]),
+            self._on_connection(
+                lambda conn: conn.execute(
+                    "SELECT pg_notify(c, p) FROM unnest(%s::text[], %s::text[])"
+                    " WITH ORDINALITY AS t(c, p, n) ORDER BY n",
+                    (channels, texts),
+                )
             )
         self.sent += len(notes)
 
@@ -330,17 +352,20 @@ class LiveRelay:
 
     def _renew_sync(self) -> dict[str, set[str]]:
         with self._lock:
-            conn = self._connection()
-            if self._rows:
-                conn.execute(
-                    "UPDATE watchers SET expires = extract(epoch FROM clock_timestamp()) + %s"
-                    " WHERE channel = %s",
-                    (self._lease, self.channel),
-                )
+            return self._on_connection(self._renew_on)
+
+    def _renew_on(self, conn: psycopg.Connection[tuple[Any, ...]]) -> dict[str, set[str]]:
+        if self._rows:
+            # An upsert, not an update: rows the others dropped while this daemon could
+            # not reach the database come back.
             conn.execute(
-                "DELETE FROM watchers WHERE expires < extract(epoch FROM clock_timestamp())"
+                "INSERT INTO watchers(channel, session_id, expires)"
+                " SELECT %s, unnest(%s::text[]), extract(epoch FROM clock_timestamp()) + %s"
+                " ON CONFLICT (channel, session_id) DO UPDATE SET expires = EXCLUDED.expires",
+                (self.channel, sorted(self._rows), self._lease),
             )
-            return self._read_others(conn)
+        conn.execute("DELETE FROM watchers WHERE expires < extract(epoch FROM clock_timestamp())")
+        return self._read_others(conn)
 
     def _close_sync(self) -> None:
         """A clean stop: this daemon's rows go, and the others hear it."""
