@@ -129,3 +129,19 @@ async def test_a_relayed_delta_after_its_part_ended_is_dropped() -> None:
                 ("part.delta", "early "), ("part.updated", None), ("part.delta", "other"),
             ]  # fmt: skip
         feed.mailbox.close()
+
+
+async def test_a_delta_offered_after_the_relay_stopped_leaves_the_feed_running() -> None:
+    from harness.storage.pg_live import LiveRelay
+
+    relay = LiveRelay("public", 3.0, connect=None)
+    relay.others = {"ses_a": {"harness_live_x"}}
+    relay._receive.close()  # what the relay's end does at shutdown
+    feed = EventFeed()
+    feed.relay = relay
+    async with trio.open_nursery() as nursery:
+        await nursery.start(feed.run)
+        async with subscription(feed.mailbox, "ses_a") as heard:
+            await feed.mailbox.send(Publish([_delta("ses_a", "still shown here")]))
+            assert (await heard.receive()).data["delta"] == "still shown here"
+        feed.mailbox.close()

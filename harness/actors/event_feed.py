@@ -120,6 +120,8 @@ class EventFeed:
     def _relayed(self, events: Iterable[Event]) -> None:
         """Live events another daemon relayed: fanned out, unless their part ended here."""
         for event in events:
+            if has_secrets():  # this daemon's secrets, which the sender may not know
+                event = replace(event, data=redact_data(event.data))
             part_id = event.data.get("part_id")
             if isinstance(part_id, str):
                 if part_id in self._ended_parts:

@@ -151,6 +151,8 @@ class LiveRelay:
             self._send.send_nowait((event, frozenset(channels)))
         except trio.WouldBlock:
             self.dropped += 1  # the text is in the stored part: only its streaming is lost
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the relay has stopped (shutting down): the feed carries on without it
 
     # --- subscribers of this daemon ----------------------------------------------------------
 
