@@ -50,7 +50,8 @@ T = TypeVar("T")
 PAYLOAD_BYTES = 7900
 RELAYED_TYPES = frozenset({"part.delta", "session.retry"})
 _QUEUE = 4096  # live events waiting to be sent; beyond that they are dropped (not durable)
-_BATCH = 512  # events one round trip sends at most
+_BATCH = 512  # events one round of sending takes at most
+_NOTES_PER_STATEMENT = 256  # notifications per statement (two parameters each)
 ALL = "*"
 
 
@@ -126,6 +127,9 @@ class LiveRelay:
         self._mine: dict[str, int] = {}  # this daemon's subscribers, per session id or ALL
         self._rows: set[str] = set()  # what ``watchers`` holds of this daemon's
         self._conn: psycopg.Connection[tuple[Any, ...]] | None = None
+        # The sender's own connection, used only from the event loop in non-blocking mode:
+        # a batch of notifications costs no thread hop (pg_notify, _send_notes).
+        self._sender: psycopg.Connection[tuple[Any, ...]] | None = None
         self._lock = threading.Lock()  # one statement at a time on the relay connection
         self._send, self._receive = trio.open_memory_channel[tuple[Event, frozenset[str]]](
             _QUEUE
@@ -317,22 +321,53 @@ class LiveRelay:
             for channel, events in by_channel.items()
             for payload in payloads(events)
         ]
-        try:
-            await trio.to_thread.run_sync(self._notify_sync, notes)
-        except Exception as error:  # live only: the stored part carries the text
-            log.warning("live events not relayed", count=len(batch), error=str(error))
+        for start in range(0, len(notes), _NOTES_PER_STATEMENT):
+            group = notes[start : start + _NOTES_PER_STATEMENT]
+            for attempt in (1, 2):  # a dropped connection is made again once
+                try:
+                    await self._send_notes(group)
+                    self.sent += len(group)
+                    break
+                except Exception as error:  # live only: the stored part carries the text
+                    self._drop_sender()
+                    if attempt == 2:
+                        log.warning("live events not relayed", count=len(group), error=str(error))
 
-    def _notify_sync(self, notes: list[tuple[str, str]]) -> None:
-        channels, texts = [c for c, _ in notes], [p for _, p in notes]
-        with self._lock:
-            self._on_connection(
-                lambda conn: conn.execute(
-                    "SELECT pg_notify(c, p) FROM unnest(%s::text[], %s::text[])"
-                    " WITH ORDINALITY AS t(c, p, n) ORDER BY n",
-                    (channels, texts),
-                )
-            )
-        self.sent += len(notes)
+    async def _send_notes(self, notes: list[tuple[str, str]]) -> None:
+        """One statement, ``SELECT pg_notify($1, $2), pg_notify($3, $4)…`` (evaluated in
+        order), sent and answered without blocking the event loop or taking a thread."""
+        import psycopg
+        from psycopg import pq
+
+        if self._sender is None:
+            conn = await trio.to_thread.run_sync(self._connect)
+            conn.pgconn.nonblocking = 1
+            self._sender = conn
+        pgconn = self._sender.pgconn
+        calls = ", ".join(f"pg_notify(${2 * i + 1}, ${2 * i + 2})" for i in range(len(notes)))
+        params = [value.encode() for note in notes for value in note]
+        pgconn.send_query_params(f"SELECT {calls}".encode(), params)
+        while pgconn.flush():  # 1: more to send once the socket takes it
+            await trio.lowlevel.wait_writable(pgconn.socket)
+        failed: str | None = None
+        while True:
+            pgconn.consume_input()
+            if pgconn.is_busy():
+                await trio.lowlevel.wait_readable(pgconn.socket)
+                continue
+            result = pgconn.get_result()
+            if result is None:
+                break
+            if result.status != pq.ExecStatus.TUPLES_OK:
+                failed = (result.error_message or b"").decode(errors="replace").strip()
+        if failed is not None or pgconn.status != pq.ConnStatus.OK:
+            raise psycopg.OperationalError(failed or "the relay's connection was lost")
+
+    def _drop_sender(self) -> None:
+        if self._sender is not None:
+            with contextlib.suppress(Exception):
+                self._sender.close()
+            self._sender = None
 
     async def _renew(self) -> None:
         """While any watch row exists: keep this daemon's alive, drop others' that lapsed
@@ -385,3 +420,4 @@ class LiveRelay:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+        self._drop_sender()
