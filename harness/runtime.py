@@ -546,7 +546,6 @@ class Harness:
             raise HarnessError(f"answers for {request_id} do not fit: {problem}")
         return True
 
-
     async def _settle_remote_question(
         self, request_id: str, answers: Answers | None, message: str | None
     ) -> str | None:
