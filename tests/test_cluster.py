@@ -694,3 +694,35 @@ def test_connections_cut_mid_turn_are_remade_and_the_turn_finishes_with_nothing_
     # Both daemons are connected again and serve: a second turn runs through the other.
     assert len(cluster.query(
         "SELECT 1 FROM pg_stat_activity WHERE application_name = %s", name)) >= 8  # fmt: skip
+
+
+def test_a_cancel_sent_while_the_holder_is_dead_holds_when_another_daemon_takes_over(
+    cluster: Cluster, tmp_path: Path, project: Path
+) -> None:
+    daemons = cluster.start(2)
+    command = "sleep 63.3131"
+    model = script(
+        tmp_path / "s.json",
+        [
+            {"tool_calls": [{"name": "bash", "arguments": {"command": command}}]},
+            {"text": "should not run: the turn was cancelled"},
+        ],
+    )
+    sid = daemons[0].client.create_session(directory=str(project), model=model, permission=ALLOW)
+    sid = sid["id"]
+    daemons[0].client.prompt(sid, "sleep")
+    running = "SELECT 1 FROM parts WHERE session_id = %s AND status = 'running'"
+    wait_for("the bash to run", lambda: cluster.query(running, sid) != [] and alive_with(command))
+    holder, other = others_of(cluster, sid, daemons)
+    holder.kill()
+    # The dead holder's lease has not lapsed: nobody can act on the cancel yet.
+    assert cluster.holder_pid(sid) == holder.process.pid
+    assert other.client.cancel(sid) is True
+    wait_for("the turn to end on the other daemon", lambda: len(cluster.finished(sid)) == 1)
+    assert cluster.finished(sid)[0]["reason"] == "cancelled"
+    wait_for("the orphaned command to be killed", lambda: not alive_with(command))
+    steps = cluster.query(
+        "SELECT 1 FROM messages WHERE session_id = %s AND role = 'assistant'", sid
+    )
+    assert len(steps) == 1, "the model was asked again after the cancel"
+    assert other.client.session(sid)["status"] == "idle"

@@ -166,6 +166,12 @@ class LedgerPort(ABC):
         whose asks its Permission actor lists): ``permission.asked`` data."""
         return []
 
+    def cancel_pending(self, session_id: str) -> bool:
+        """Whether a cancel sent through another daemon of a shared ledger awaits the
+        session's claimed turn (its holder died before acting on it). Never, for one
+        process, whose cancels act at once."""
+        return False
+
     def open_questions(self, session_id: str | None = None) -> list[dict[str, Any]]:
         """Questions pending on any daemon of a shared ledger (none for one process):
         ``question.asked`` data."""

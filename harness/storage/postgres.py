@@ -596,6 +596,17 @@ class PostgresLedger(LedgerPort):
         )
         return [json.loads(row[0]) for row in rows]
 
+    def cancel_pending(self, session_id: str) -> bool:
+        """A ``cancel.requested`` written since the session's turn last started: by seq,
+        so that the clocks of the daemons involved do not matter."""
+        rows = self._rows(
+            "SELECT 1 FROM events WHERE session_id = ? AND type = 'cancel.requested'"
+            " AND seq > (SELECT coalesce(max(seq), 0) FROM events WHERE session_id = ?"
+            " AND type = 'turn.started') LIMIT 1",
+            (session_id, session_id),
+        )
+        return bool(rows)
+
     def open_questions(self, session_id: str | None = None) -> list[dict[str, Any]]:
         """Questions of turns in flight, neither answered nor dropped (on whichever daemon)."""
         rows = self._rows(
