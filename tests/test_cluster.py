@@ -726,3 +726,45 @@ def test_a_cancel_sent_while_the_holder_is_dead_holds_when_another_daemon_takes_
     )
     assert len(steps) == 1, "the model was asked again after the cancel"
     assert other.client.session(sid)["status"] == "idle"
+
+
+def test_harness_run_through_another_daemon_streams_the_turn_its_holder_runs(
+    cluster: Cluster, tmp_path: Path, project: Path
+) -> None:
+    """The user's case: ``harness run --session`` through daemon B while daemon A holds
+    the session (busy with a first turn), so A runs the new turn too; B's client sees it
+    stream, delta by delta, and exits with the answer."""
+    daemons = cluster.start(2)
+    second = "streamed from the other daemon"
+    model = script(
+        tmp_path / "s.json",
+        [
+            {"text": "first, slowly", "delay": 2},
+            {"text": second, "chunks": 5, "chunk_delay": 0.15},
+        ],
+    )
+    sid = daemons[0].client.create_session(directory=str(project), model=model)["id"]
+    daemons[0].client.prompt(sid, "first")
+    wait_for("the first turn to start", lambda: cluster.holder_pid(sid) is not None)
+    holder, other = others_of(cluster, sid, daemons)
+    env = dict(cluster.env, HARNESS_SOCKET=str(other.client.socket_path))
+    ran = subprocess.run(
+        [sys.executable, "-m", "harness", "run", "--json", "--session", sid, "second"],
+        env=env, capture_output=True, text=True, timeout=DEADLINE, cwd=project,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    events = [json.loads(line) for line in ran.stdout.splitlines()]
+    assert events[-1]["type"] == "turn.finished" and events[-1]["data"]["answer"] == second
+    turn = events[-1]["data"]["message_id"]
+    started = next(
+        i for i, e in enumerate(events)
+        if e["type"] == "turn.started" and e["data"].get("message_id") == turn
+    )  # fmt: skip
+    # (It follows the session from now on: the end of the first turn streams in too.)
+    deltas = [e["data"]["delta"] for e in events[started:] if e["type"] == "part.delta"]
+    assert "".join(deltas) == second and len(deltas) >= 3
+    # The holder ran both turns: the lease never changed hands.
+    assert cluster.query("SELECT 1 FROM events WHERE type = 'session.leased'") == []
+    owners = cluster.query("SELECT owner FROM leases WHERE session_id = %s", sid)
+    assert [int(row[0].split(":")[1]) for row in owners] == [holder.process.pid]
+    assert [f["answer"] for f in cluster.finished(sid)] == ["first, slowly", second]
