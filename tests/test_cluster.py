@@ -523,8 +523,10 @@ def test_deltas_stream_to_subscribers_of_every_daemon_not_only_the_holders(
     )
     sid = daemons[0].client.create_session(directory=str(project), model=model)["id"]
     for text, turn in (("one two three four five six", "short"), (long_text, "long")):
+        # A stream of the session on each daemon, and one of every session ('*').
         streams = [daemon.client.events(sid) for daemon in daemons]
-        seen: list[list[Any]] = [[] for _ in daemons]
+        streams += [daemon.client.events() for daemon in daemons]
+        seen: list[list[Any]] = [[] for _ in streams]
         for stream in streams:
             stream.open()  # subscribed, here and by the holder's relay, before the prompt
         readers = [
