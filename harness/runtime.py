@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import structlog
 import trio
@@ -57,7 +57,7 @@ from harness.messages.mailbox import (
 )
 from harness.messages.model import Delivery, InboxItem, MessageWithParts, Rule, Session
 from harness.messages.permission import PermissionRequest, Reply
-from harness.messages.question import Answers, QuestionRequest
+from harness.messages.question import Answers, QuestionRequest, check_answers
 from harness.messages.todo import Todo
 from harness.private import prepare_home
 from harness.providers import resolve_model, split_model
@@ -353,11 +353,24 @@ class Harness:
         raise HarnessError("the harness closed before the turn finished")
 
     async def cancel(self, session_id: str) -> bool:
-        """Cancel the running turn: its stream, tools and their process groups stop."""
+        """Cancel the running turn: its stream, tools and their process groups stop.
+
+        On a shared ledger, a turn that another daemon runs is cancelled there: the
+        request is written as ``cancel.requested``, which that daemon's feed hands to its
+        supervisor (DESIGN §14).
+        """
         self.session(session_id)
-        return await ask(
+        cancelled: bool = await ask(
             self._supervisor.mailbox, lambda reply: CancelSession(session_id, reply)
         )
+        ledger = self.ledger
+        if cancelled or not ledger.cluster or ledger.holds(session_id):
+            return cancelled
+        if not ledger.claimed_turns(session_id):
+            return False  # no daemon runs a turn of it
+        await ledger.write([NewEvent("cancel.requested", session_id, {"by": ledger.location})])
+        log.info("cancel sent to the session's daemon", session_id=session_id)
+        return True
 
     # --- MCP servers ------------------------------------------------------------------------
 
@@ -401,7 +414,13 @@ class Harness:
         self, session_id: str | None = None, *, buffer: int = 4096
     ) -> AsyncIterator[trio.MemoryReceiveChannel[Event]]:
         """Events from now on, of one session (and its children) or of all sessions."""
-        async with subscription(self._feed, session_id, buffer) as events:
+        live = self.ledger.live
+        # On a shared ledger the daemon running the session sends its deltas here too:
+        # subscribed first, so none is lost between the two.
+        async with (
+            subscription(self._feed, session_id, buffer) as events,
+            live.watching(session_id) if live else contextlib.nullcontext(),
+        ):
             yield events
 
     @asynccontextmanager
@@ -484,9 +503,17 @@ class Harness:
     # --- questions --------------------------------------------------------------------------
 
     async def pending_questions(self, session_id: str | None = None) -> list[QuestionRequest]:
-        return await ask(
+        """Questions waiting for an answer: this process's, and on a shared ledger every
+        daemon's (any of them may answer, DESIGN §14)."""
+        local: list[QuestionRequest] = await ask(
             self._question.mailbox, lambda reply: ListQuestions(session_id, reply)
         )
+        if self.ledger.cluster:
+            known = {request.id for request in local}
+            for data in self.ledger.open_questions(session_id):
+                if data.get("id") not in known:
+                    local.append(QuestionRequest.model_validate(data))
+        return local
 
     async def answer_question(self, request_id: str, answers: Answers) -> bool:
         """Answer a pending question set: one list of labels (or free text) per question.
@@ -511,11 +538,36 @@ class Harness:
             self._question.mailbox,
             lambda done: AnswerQuestion(request_id, answers, message, done),
         )
+        if problem == "not_found" and self.ledger.cluster:
+            problem = await self._settle_remote_question(request_id, answers, message)
         if problem == "not_found":
             return False
         if problem is not None:
             raise HarnessError(f"answers for {request_id} do not fit: {problem}")
         return True
+
+    async def _settle_remote_question(
+        self, request_id: str, answers: Answers | None, message: str | None
+    ) -> str | None:
+        """Answer a question another daemon asked: checked here as the asker would check
+        it, then written to the ledger, which that daemon follows (``remote``)."""
+        asked = next((q for q in self.ledger.open_questions() if q.get("id") == request_id), None)
+        if asked is None:
+            return "not_found"
+        request = QuestionRequest.model_validate(asked)
+        data: dict[str, object] = {"id": request_id, "remote": True}
+        if answers is None:
+            kind: Literal["question.replied", "question.rejected"] = "question.rejected"
+            data |= {"reason": "rejected", "message": message}
+        else:
+            cleaned = [[label.strip() for label in answer] for answer in answers]
+            problem = check_answers(request.questions, cleaned)
+            if problem is not None:
+                return problem
+            kind = "question.replied"
+            data["answers"] = cleaned
+        await self.ledger.write([NewEvent(kind, request.session_id, data)])
+        return None
 
 
 class EventStream:
@@ -690,6 +742,22 @@ def _forward_reply(permission: Permission, data: dict[str, object]) -> None:
         )
 
 
+def _forward_answer(question: Question, kind: str, data: dict[str, object]) -> None:
+    """An answer given through another daemon reaches the question, if it is pending here."""
+    done = trio.open_memory_channel[str | None](1)[0]
+    answers = data.get("answers") if kind == "question.replied" else None
+    message = data.get("message")
+    question.mailbox.send_nowait(
+        AnswerQuestion(
+            str(data.get("id")),
+            answers if isinstance(answers, list) else None,
+            message if isinstance(message, str) else None,
+            done,
+            remote=True,
+        )
+    )
+
+
 @asynccontextmanager
 async def _open_harness(config: Config, *, session_mcp: bool = False) -> AsyncIterator[Harness]:
     ledger = open_ledger(config)
@@ -756,7 +824,12 @@ async def _open_harness(config: Config, *, session_mcp: bool = False) -> AsyncIt
                 WakeSession(session_id, remote=True, orphan=True)
             ),
             replied=lambda data: _forward_reply(permission, data),
+            answered=lambda kind, data: _forward_answer(question, kind, data),
+            cancel=lambda session_id: supervisor.mailbox.send_nowait(
+                CancelSession(session_id, trio.open_memory_channel[bool](1)[0])
+            ),
         )
+        feed.relay = ledger.live
 
     # The writer and the feed are shielded: when a caller's scope cancels the whole block
     # (a daemon's SIGTERM), the sessions' shielded cleanup writes must still find them.

@@ -351,3 +351,422 @@ def test_an_ask_raised_on_the_holder_is_listed_and_answered_through_another_daem
     )
     sources = [json.loads(row[0])["source"] for row in decided]
     assert sources == ["reply"] * len(answered) and len(answered) >= 1
+
+
+# --- what a daemon that does not run the session can do to it (issue 18) --------------------
+
+QUESTION = {
+    "question": "Which database?",
+    "options": [{"label": "Postgres", "description": "a server"}, {"label": "SQLite"}],
+}
+
+
+def others_of(cluster: Cluster, session_id: str, daemons: list[Daemon]) -> tuple[Daemon, Daemon]:
+    """The daemon holding the session's lease, and one that does not."""
+    wait_for("a daemon to hold the session", lambda: cluster.holder_pid(session_id) is not None)
+    holder_pid = cluster.holder_pid(session_id)
+    holder = next(d for d in daemons if d.process.pid == holder_pid)
+    return holder, next(d for d in daemons if d is not holder)
+
+
+def api_error(call: Callable[[], object]) -> tuple[int, str, str]:
+    from harness.client import ApiError
+
+    with pytest.raises(ApiError) as raised:
+        call()
+    return raised.value.status, raised.value.code, raised.value.message
+
+
+def test_a_question_asked_on_the_holder_is_listed_and_answered_through_another_daemon(
+    cluster: Cluster, tmp_path: Path, project: Path
+) -> None:
+    daemons = cluster.start(2)
+    model = script(
+        tmp_path / "s.json",
+        [
+            {"tool_calls": [{"name": "question", "arguments": {"questions": [QUESTION]}}]},
+            {"text": "noted"},
+            {"tool_calls": [{"name": "question", "arguments": {"questions": [QUESTION]}}]},
+            {"text": "not reached"},
+        ],
+    )
+    sid = daemons[0].client.create_session(directory=str(project), model=model)["id"]
+    daemons[1].client.prompt(sid, "ask me")
+    asked: list[dict[str, Any]] = []
+
+    def listed_everywhere() -> bool:
+        asked[:] = daemons[1].client.questions(sid)
+        return bool(asked) and daemons[0].client.questions(sid) == asked
+
+    wait_for("the question to be listed on both daemons", listed_everywhere)
+    holder, other = others_of(cluster, sid, daemons)
+    question_id = asked[0]["id"]
+    # Bad answers and unknown ids get, through the other daemon, what the holder says.
+    wrong = [["Postgres"], ["SQLite"]]  # two answers for one question
+    assert api_error(lambda: other.client.answer_question(question_id, wrong)) == api_error(
+        lambda: holder.client.answer_question(question_id, wrong)
+    )
+    assert api_error(lambda: other.client.answer_question(question_id, wrong))[0] == 422
+    unknown = api_error(lambda: other.client.answer_question("que_nope", [["x"]]))
+    assert unknown == api_error(lambda: holder.client.answer_question("que_nope", [["x"]]))
+    assert unknown[:2] == (404, "not_found")
+    assert other.client.questions(sid) == asked  # still pending after the bad answers
+    other.client.answer_question(question_id, [[" Postgres "]])
+    wait_for("the turn to finish", lambda: len(cluster.finished(sid)) == 1)
+    assert cluster.finished(sid)[0]["answer"] == "noted"
+    tools = [p for m in holder.client.messages(sid) for p in m["parts"] if p["type"] == "tool"]
+    assert tools[0]["state"]["status"] == "completed"
+    assert "Postgres" in tools[0]["state"]["output"]
+    replied = cluster.query(
+        "SELECT data FROM events WHERE type = 'question.replied' AND session_id = %s", sid
+    )
+    assert [json.loads(row[0])["answers"] for row in replied] == [[["Postgres"]]]
+    assert holder.client.questions(sid) == [] and other.client.questions(sid) == []
+    # A rejection through the other daemon: the turn stops, as on one daemon.
+    daemons[0].client.prompt(sid, "ask again")
+    wait_for("the second question", lambda: bool(daemons[0].client.questions(sid)))
+    holder, other = others_of(cluster, sid, daemons)
+    second = other.client.questions(sid)[0]["id"]
+    other.client.reject_question(second)
+    wait_for("the second turn to finish", lambda: len(cluster.finished(sid)) == 2)
+    assert cluster.finished(sid)[1]["reason"] != "answered"
+    assert api_error(lambda: other.client.reject_question(second))[:2] == (404, "not_found")
+
+
+def test_cancel_through_another_daemon_stops_the_turn_on_its_holder(
+    cluster: Cluster, tmp_path: Path, project: Path
+) -> None:
+    daemons = cluster.start(2)
+    command = "sleep 61.8181"
+    model = script(
+        tmp_path / "s.json",
+        [
+            {"tool_calls": [{"name": "bash", "arguments": {"command": command}}]},
+            {"text": "never"},
+        ],
+    )
+    sid = daemons[0].client.create_session(directory=str(project), model=model, permission=ALLOW)
+    sid = sid["id"]
+    daemons[0].client.prompt(sid, "sleep")
+    running = "SELECT 1 FROM parts WHERE session_id = %s AND status = 'running'"
+    wait_for("the bash to run", lambda: cluster.query(running, sid) != [] and alive_with(command))
+    holder, other = others_of(cluster, sid, daemons)
+    started = time.monotonic()
+    assert other.client.cancel(sid) is True
+    wait_for("the turn to end", lambda: len(cluster.finished(sid)) == 1, timeout=10)
+    latency = time.monotonic() - started
+    assert cluster.finished(sid)[0]["reason"] == "cancelled"
+    wait_for("the command to be killed", lambda: not alive_with(command), timeout=10)
+    assert latency < 5, f"a cancel through another daemon took {latency:.2f}s"
+    wait_for("the lease to be given back", lambda: cluster.holder_pid(sid) is None)
+    # Nothing runs any more: the same answer through either daemon.
+    assert other.client.cancel(sid) is False and holder.client.cancel(sid) is False
+    unknown = api_error(lambda: other.client.cancel("ses_unknown"))
+    assert unknown == api_error(lambda: holder.client.cancel("ses_unknown"))
+    assert unknown[:2] == (404, "not_found")
+    assert users(other.client.messages(sid)) == ["sleep"]
+
+
+def test_delete_through_another_daemon_leaves_no_turn_running_on_the_holder(
+    cluster: Cluster, tmp_path: Path, project: Path
+) -> None:
+    daemons = cluster.start(2)
+    model = script(tmp_path / "s.json", [{"text": "slow", "delay": 60}])
+    sid = daemons[0].client.create_session(directory=str(project), model=model)["id"]
+    daemons[0].client.prompt(sid, "take your time")
+    streaming = "SELECT 1 FROM turns WHERE session_id = %s"
+    wait_for("the turn to start", lambda: cluster.query(streaming, sid) != [])
+    holder, other = others_of(cluster, sid, daemons)
+    other.client.delete(sid)
+    kinds = [
+        row[0]
+        for row in cluster.query(
+            "SELECT type FROM events WHERE session_id = %s ORDER BY seq", sid
+        )
+    ]
+    # The turn ended (cancelled, on its holder) before the deletion was written.
+    assert kinds[-1] == "session.deleted" and "turn.finished" in kinds
+    assert cluster.finished(sid)[0]["reason"] == "cancelled"
+    assert cluster.query(streaming, sid) == []
+    wait_for("the lease to be given back", lambda: cluster.holder_pid(sid) is None)
+    time.sleep(LEASE)  # a zombie turn would write again, or renew its lease, by now
+    after = cluster.query("SELECT type FROM events WHERE session_id = %s ORDER BY seq", sid)
+    assert [row[0] for row in after] == kinds
+    assert cluster.holder_pid(sid) is None
+    assert "session actor died" not in holder.log.read_text()
+    for daemon in daemons:
+        assert api_error(lambda d=daemon: d.client.session(sid))[0] == 404  # type: ignore[misc]
+        assert sid not in [s["id"] for s in daemon.client.sessions()]
+
+
+def collect_turn(stream: Any, into: list[Any]) -> None:
+    """Read a stream's events until a turn finishes (in a thread of its own)."""
+    for event in stream:
+        into.append(event)
+        if event.type == "turn.finished":
+            return
+
+
+def test_deltas_stream_to_subscribers_of_every_daemon_not_only_the_holders(
+    cluster: Cluster, tmp_path: Path, project: Path
+) -> None:
+    import threading
+
+    daemons = cluster.start(3)
+    long_text = "".join(f"{index:05d}é" for index in range(4000))  # 24 kB: two 12 kB deltas
+    model = script(
+        tmp_path / "s.json",
+        [
+            {"text": "one two three four five six", "chunks": 6, "chunk_delay": 0.15},
+            {"text": long_text, "chunks": 2, "chunk_delay": 0.2},
+        ],
+    )
+    sid = daemons[0].client.create_session(directory=str(project), model=model)["id"]
+    for text, turn in (("one two three four five six", "short"), (long_text, "long")):
+        # A stream of the session on each daemon, and one of every session ('*').
+        streams = [daemon.client.events(sid) for daemon in daemons]
+        streams += [daemon.client.events() for daemon in daemons]
+        seen: list[list[Any]] = [[] for _ in streams]
+        for stream in streams:
+            stream.open()  # subscribed, here and by the holder's relay, before the prompt
+        readers = [
+            threading.Thread(target=collect_turn, args=(stream, into), daemon=True)
+            for stream, into in zip(streams, seen, strict=True)
+        ]
+        for reader in readers:
+            reader.start()
+        daemons[0].client.prompt(sid, f"a {turn} answer")
+        for reader in readers:
+            reader.join(DEADLINE)
+        for stream in streams:
+            stream.close()
+        for index, events in enumerate(seen):
+            assert events and events[-1].type == "turn.finished", f"daemon {index}"
+            assert events[-1].data["answer"] == text
+            deltas = [e for e in events if e.type == "part.delta"]
+            assert "".join(e.data["delta"] for e in deltas) == text, f"daemon {index}"
+            assert len(deltas) >= (3 if turn == "short" else 2), f"daemon {index}: {len(deltas)}"
+            ended = next(
+                i for i, e in enumerate(events)
+                if e.type == "part.updated" and e.data.get("type") == "text" and e.data.get("end")
+            )  # fmt: skip
+            assert all(events.index(d) < ended for d in deltas), "a delta after its part ended"
+        if turn == "long":  # relayed in pieces under PostgreSQL's 8,000-byte NOTIFY limit
+            counts = sorted(sum(e.type == "part.delta" for e in events) for events in seen)
+            assert counts[0] == 2 and counts[-1] >= 4, counts
+    # Nobody watches any more: the watch rows are gone.
+    wait_for("the watch rows to go", lambda: cluster.query("SELECT * FROM watchers") == [])
+
+
+def test_the_cli_through_a_daemon_that_does_not_run_the_session(
+    cluster: Cluster, tmp_path: Path, project: Path
+) -> None:
+    """harness events/answer/approve/show/sessions/cancel, run against the other daemon."""
+    daemons = cluster.start(2)
+    model = script(
+        tmp_path / "s.json",
+        [
+            {"tool_calls": [{"name": "question", "arguments": {"questions": [QUESTION]}}]},
+            {"tool_calls": [{"name": "bash", "arguments": {"command": "echo ok > done.txt"}}]},
+            {"text": "all done", "chunks": 4, "chunk_delay": 0.1},
+        ],
+    )
+    sid = daemons[0].client.create_session(directory=str(project), model=model)["id"]
+
+    def cli(daemon: Daemon, *args: str) -> subprocess.CompletedProcess[str]:
+        env = dict(cluster.env, HARNESS_SOCKET=str(daemon.client.socket_path))
+        return subprocess.run(
+            [sys.executable, "-m", "harness", *args],
+            env=env, capture_output=True, text=True, timeout=DEADLINE,
+        )  # fmt: skip
+
+    daemons[0].client.prompt(sid, "ask, then run")
+    wait_for("the question", lambda: bool(daemons[1].client.questions(sid)))
+    holder, other = others_of(cluster, sid, daemons)
+    env = dict(cluster.env, HARNESS_SOCKET=str(other.client.socket_path))
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "harness", "events", "--session", sid, "--after", "0", "--json"],
+        env=env, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        question = other.client.questions(sid)[0]["id"]
+        unknown = cli(other, "answer", "que_unknown", "x")
+        assert unknown.returncode != 0
+        assert (unknown.returncode, unknown.stderr) == (
+            (same := cli(holder, "answer", "que_unknown", "x")).returncode, same.stderr
+        )
+        answered = cli(other, "answer", question, "SQLite")
+        assert answered.returncode == 0, answered.stderr
+        events: list[dict[str, Any]] = []
+
+        def read() -> None:
+            assert follower.stdout is not None
+            for line in follower.stdout:
+                events.append(json.loads(line))
+                if events[-1]["type"] == "turn.finished":
+                    return
+
+        import threading
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        approved: set[str] = set()
+
+        def approve_each() -> bool:
+            # bash, and the write its redirection makes: each approved through the CLI.
+            for ask in other.client.permissions(sid):
+                if ask["id"] not in approved:
+                    approved.add(ask["id"])
+                    done = cli(other, "approve", ask["id"])
+                    assert done.returncode == 0, done.stderr
+            return not reader.is_alive()
+
+        wait_for("the turn to finish", approve_each)
+        assert approved
+        assert events and events[-1]["type"] == "turn.finished", [e["type"] for e in events]
+    finally:
+        follower.kill()
+        follower.wait()
+    assert events[-1]["data"]["answer"] == "all done"
+    deltas = "".join(e["data"]["delta"] for e in events if e["type"] == "part.delta")
+    assert deltas == "all done"
+    seqs = [e["seq"] for e in events if e["seq"] is not None]
+    assert seqs == sorted(seqs) and len(seqs) == len(set(seqs))
+    assert (project / "done.txt").read_text() == "ok\n"
+    shown = json.loads(cli(other, "show", sid, "--json").stdout)
+    assert "all done" in json.dumps(shown)
+    listed = json.loads(cli(other, "sessions", "--json").stdout)
+    assert sid in json.dumps(listed)
+    cancelled = cli(other, "cancel", sid, "--json")
+    assert json.loads(cancelled.stdout)["cancelled"] is False
+
+
+def test_connections_cut_mid_turn_are_remade_and_the_turn_finishes_with_nothing_lost(
+    cluster: Cluster, tmp_path: Path, project: Path
+) -> None:
+    """pg_terminate_backend on every connection of both daemons, twice, mid-tool and
+    mid-stream: each one reconnects, and the turn ends once, with its bash run once."""
+    import uuid
+
+    name = f"harness-cut-{uuid.uuid4().hex[:8]}"
+    cluster.url += f"&application_name={name}"
+    daemons = cluster.start(2)
+    count = tmp_path / "count"
+    model = script(
+        tmp_path / "s.json",
+        [
+            {"tool_calls": [{"name": "bash", "arguments": {
+                "command": f"echo once >> {count} && sleep 1.5"}}]},
+            {"text": "survived the cuts", "chunks": 10, "chunk_delay": 0.15},
+        ],
+    )  # fmt: skip
+    sid = daemons[0].client.create_session(directory=str(project), model=model, permission=ALLOW)
+    sid = sid["id"]
+    follow = daemons[1].client.events(sid)
+    follow.open()
+    seen: list[Any] = []
+    import threading
+
+    reader = threading.Thread(target=collect_turn, args=(follow, seen), daemon=True)
+    reader.start()
+    sent = daemons[0].client.prompt(sid, "count once")
+
+    def cut() -> int:
+        return len(cluster.query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE application_name = %s AND pid <> pg_backend_pid()", name,
+        ))  # fmt: skip
+
+    wait_for("the bash to run", lambda: lines(count) == 1)
+    assert cut() >= 8  # four connections per daemon at least (write, control, read, listen)
+    wait_for("the answer to stream", lambda: any(e.type == "part.delta" for e in seen))
+    assert cut() >= 8
+    reader.join(DEADLINE)
+    follow.close()
+    assert seen and seen[-1].type == "turn.finished"
+    assert seen[-1].data["message_id"] == sent
+    assert seen[-1].data["answer"] == "survived the cuts"
+    assert [f["answer"] for f in cluster.finished(sid)] == ["survived the cuts"]
+    assert lines(count) == 1
+    assert users(daemons[1].client.messages(sid)) == ["count once"]
+    durable = [e.seq for e in seen if e.seq is not None]
+    assert durable == sorted(set(durable))
+    seqs = [row[0] for row in cluster.query("SELECT seq FROM events ORDER BY seq")]
+    assert seqs == list(range(1, len(seqs) + 1))
+    # Both daemons are connected again and serve: a second turn runs through the other.
+    assert len(cluster.query(
+        "SELECT 1 FROM pg_stat_activity WHERE application_name = %s", name)) >= 8  # fmt: skip
+
+
+def test_a_cancel_sent_while_the_holder_is_dead_holds_when_another_daemon_takes_over(
+    cluster: Cluster, tmp_path: Path, project: Path
+) -> None:
+    daemons = cluster.start(2)
+    command = "sleep 63.3131"
+    model = script(
+        tmp_path / "s.json",
+        [
+            {"tool_calls": [{"name": "bash", "arguments": {"command": command}}]},
+            {"text": "should not run: the turn was cancelled"},
+        ],
+    )
+    sid = daemons[0].client.create_session(directory=str(project), model=model, permission=ALLOW)
+    sid = sid["id"]
+    daemons[0].client.prompt(sid, "sleep")
+    running = "SELECT 1 FROM parts WHERE session_id = %s AND status = 'running'"
+    wait_for("the bash to run", lambda: cluster.query(running, sid) != [] and alive_with(command))
+    holder, other = others_of(cluster, sid, daemons)
+    holder.kill()
+    # The dead holder's lease has not lapsed: nobody can act on the cancel yet.
+    assert cluster.holder_pid(sid) == holder.process.pid
+    assert other.client.cancel(sid) is True
+    wait_for("the turn to end on the other daemon", lambda: len(cluster.finished(sid)) == 1)
+    assert cluster.finished(sid)[0]["reason"] == "cancelled"
+    wait_for("the orphaned command to be killed", lambda: not alive_with(command))
+    steps = cluster.query(
+        "SELECT 1 FROM messages WHERE session_id = %s AND role = 'assistant'", sid
+    )
+    assert len(steps) == 1, "the model was asked again after the cancel"
+    assert other.client.session(sid)["status"] == "idle"
+
+
+def test_harness_run_through_another_daemon_streams_the_turn_its_holder_runs(
+    cluster: Cluster, tmp_path: Path, project: Path
+) -> None:
+    """The user's case: ``harness run --session`` through daemon B while daemon A holds
+    the session (busy with a first turn), so A runs the new turn too; B's client sees it
+    stream, delta by delta, and exits with the answer."""
+    daemons = cluster.start(2)
+    second = "streamed from the other daemon"
+    model = script(
+        tmp_path / "s.json",
+        [
+            {"text": "first, slowly", "delay": 2},
+            {"text": second, "chunks": 5, "chunk_delay": 0.15},
+        ],
+    )
+    sid = daemons[0].client.create_session(directory=str(project), model=model)["id"]
+    daemons[0].client.prompt(sid, "first")
+    wait_for("the first turn to start", lambda: cluster.holder_pid(sid) is not None)
+    holder, other = others_of(cluster, sid, daemons)
+    env = dict(cluster.env, HARNESS_SOCKET=str(other.client.socket_path))
+    ran = subprocess.run(
+        [sys.executable, "-m", "harness", "run", "--json", "--session", sid, "second"],
+        env=env, capture_output=True, text=True, timeout=DEADLINE, cwd=project,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    events = [json.loads(line) for line in ran.stdout.splitlines()]
+    assert events[-1]["type"] == "turn.finished" and events[-1]["data"]["answer"] == second
+    turn = events[-1]["data"]["message_id"]
+    started = next(
+        i for i, e in enumerate(events)
+        if e["type"] == "turn.started" and e["data"].get("message_id") == turn
+    )  # fmt: skip
+    # (It follows the session from now on: the end of the first turn streams in too.)
+    deltas = [e["data"]["delta"] for e in events[started:] if e["type"] == "part.delta"]
+    assert "".join(deltas) == second and len(deltas) >= 3
+    # The holder ran both turns: the lease never changed hands.
+    assert cluster.query("SELECT 1 FROM events WHERE type = 'session.leased'") == []
+    owners = cluster.query("SELECT owner FROM leases WHERE session_id = %s", sid)
+    assert [int(row[0].split(":")[1]) for row in owners] == [holder.process.pid]
+    assert [f["answer"] for f in cluster.finished(sid)] == ["first, slowly", second]

@@ -86,6 +86,18 @@ async def test_events_and_projections_commit_together(make_ledger: MakeLedger) -
         assert ledger.session("ses_c") is not None
 
 
+async def test_a_deleted_session_leaves_no_claimed_turn_behind(make_ledger: MakeLedger) -> None:
+    # A claimed turn outliving its session is found by every recovery scan (and, on a
+    # shared ledger, claimed every half second for a session that no longer exists).
+    async with running(make_ledger()) as ledger:
+        await ledger.write([_created(_session())])
+        turn = {"message_id": "msg_1", "session_id": "ses_a", "started": 1.0}
+        await ledger.write([NewEvent("turn.started", "ses_a", turn)])
+        assert ledger.claimed_turns("ses_a") == [("ses_a", "msg_1", 0)]
+        await ledger.write([NewEvent("session.deleted", "ses_a", {"id": "ses_a"})])
+        assert ledger.claimed_turns() == []
+
+
 async def test_posts_are_ordered_and_flush_waits_for_them(make_ledger: MakeLedger) -> None:
     async with running(make_ledger()) as ledger:
         session = _session()

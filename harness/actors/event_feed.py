@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import replace
+from typing import Protocol
 
 import structlog
 import trio
@@ -30,6 +31,18 @@ from harness.messages.mailbox import (
 from harness.secrets import has_secrets, redact_data
 
 log = structlog.get_logger("harness.feed")
+
+_ENDED_PARTS = 4096  # parts whose relayed deltas are known to be over, remembered at most
+
+
+class LiveRelay(Protocol):
+    """Where a shared ledger sends the live events other daemons watch (pg_live.py)."""
+
+    @property
+    def others(self) -> Mapping[str, object]:
+        """Session id (or "*") -> the other daemons watching it: empty, nothing goes."""
+
+    def offer(self, event: Event, lineage: Iterable[str]) -> None: ...
 
 
 class _Subscriber:
@@ -49,6 +62,13 @@ class EventFeed:
         self._subscribers: dict[int, _Subscriber] = {}
         self._next_id = 0
         self._parent_of: dict[str, str] = {}
+        # Set on a shared ledger: live events of this daemon's sessions that another
+        # daemon's subscribers watch go there (DESIGN §14).
+        self.relay: LiveRelay | None = None
+        # Parts streamed here from another daemon, and those whose stored end was
+        # published: a delta relayed late (after its part ended) is dropped.
+        self._relayed_parts: set[str] = set()
+        self._ended_parts: dict[str, None] = {}  # in the order they ended
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -63,10 +83,20 @@ class EventFeed:
 
     def _handle(self, message: FeedMessage) -> None:
         if isinstance(message, Publish):
+            if message.remote:
+                self._relayed(message.events)
+                return
+            relay = self.relay
             for event in message.events:
-                if not event.durable and has_secrets():
-                    # Deltas and step.request skip the ledger, where the rest is redacted.
-                    event = replace(event, data=redact_data(event.data))
+                if not event.durable:
+                    if has_secrets():
+                        # Deltas and step.request skip the ledger, where the rest is
+                        # redacted.
+                        event = replace(event, data=redact_data(event.data))
+                    if relay is not None and relay.others:
+                        relay.offer(event, self._lineage(event.session_id))
+                elif self._relayed_parts and event.type == "part.updated":
+                    self._part_stored(event)
                 self._fan_out(event)
         elif isinstance(message, Subscribe):
             self._next_id += 1
@@ -79,6 +109,35 @@ class EventFeed:
                 subscriber.send.close()
         else:
             self._parent_of[message.child_id] = message.parent_id
+
+    def _lineage(self, session_id: str) -> list[str]:
+        """A session and its ancestors, as far as this feed knows them."""
+        lineage = [session_id]
+        while (parent := self._parent_of.get(lineage[-1])) is not None and len(lineage) < 64:
+            lineage.append(parent)
+        return lineage
+
+    def _relayed(self, events: Iterable[Event]) -> None:
+        """Live events another daemon relayed: fanned out, unless their part ended here."""
+        for event in events:
+            if has_secrets():  # this daemon's secrets, which the sender may not know
+                event = replace(event, data=redact_data(event.data))
+            part_id = event.data.get("part_id")
+            if isinstance(part_id, str):
+                if part_id in self._ended_parts:
+                    continue
+                if len(self._relayed_parts) >= _ENDED_PARTS:
+                    self._relayed_parts.clear()  # parts that never ended (a cut stream)
+                self._relayed_parts.add(part_id)
+            self._fan_out(event)
+
+    def _part_stored(self, event: Event) -> None:
+        part_id = event.data.get("id")
+        if event.data.get("end") is not None and part_id in self._relayed_parts:
+            self._relayed_parts.discard(part_id)
+            self._ended_parts[str(part_id)] = None
+            if len(self._ended_parts) > _ENDED_PARTS:
+                del self._ended_parts[next(iter(self._ended_parts))]
 
     def _belongs(self, event_session: str, wanted: str) -> bool:
         session: str | None = event_session

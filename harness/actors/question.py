@@ -126,7 +126,8 @@ class Question:
                 "question.replied", request.session_id, {"id": request.id, "answers": answers}
             )
         del self._pending[request.id]
-        self._ledger.post([event])
+        if not message.remote:
+            self._ledger.post([event])
         self._tell(pending.ask, outcome)
         log.info("question settled", request_id=request.id, outcome=outcome.source)
         return None

@@ -312,6 +312,16 @@ class SessionActor:
         """Carry on a turn that a crash interrupted, from what the ledger shows."""
         with structlog.contextvars.bound_contextvars(turn=message_id):
             kill_orphaned_processes(self._ledger, self.session_id)
+            if self._ledger.cancel_pending(self.session_id):
+                # Cancelled through another daemon while no daemon could act on it (its
+                # holder had died): the cancel holds, the turn does not carry on.
+                stopped = await self._stopped(message_id, "cancelled", "cancelled")
+                await self._ledger.write(
+                    [NewEvent("turn.finished", self.session_id, stopped.to_dict())]
+                )
+                self._set_status("idle")
+                log.info("turn cancelled before it could resume")
+                return
             if resumes >= MAX_RESUMES:
                 reason = f"the turn was resumed {resumes} times after restarts and kept failing"
                 log.error("turn abandoned", resumes=resumes)

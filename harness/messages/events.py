@@ -65,6 +65,9 @@ LoggedType = Literal[
     "skill.invalid",  # a SKILL.md a turn skipped: {file, reason}
     # A shared ledger's session changed hands (DESIGN §14): {session_id, owner, epoch, from}
     "session.leased",
+    # A cancel of the session's running turn sent through a daemon that does not run it
+    # (DESIGN §14): the holder cancels the turn when its feed reads this. {by}
+    "cancel.requested",
 ]
 
 # ephemeral: published live, never stored

@@ -65,6 +65,9 @@ class WriteEvents:
 @dataclass(slots=True, frozen=True)
 class Publish:
     events: Sequence[Event]
+    # Live events relayed from the daemon that runs their session (a shared ledger,
+    # DESIGN §14): fanned out here, never relayed on again.
+    remote: bool = False
 
 
 @dataclass(slots=True, frozen=True)
@@ -172,6 +175,10 @@ class AnswerQuestion:
     answers: Answers | None
     message: str | None
     done: trio.MemorySendChannel[str | None]
+    # Given through another daemon of a shared ledger, whose question.replied (or
+    # question.rejected) event is in the ledger already (DESIGN §14): only the asker is
+    # left to tell.
+    remote: bool = False
 
 
 @dataclass(slots=True, frozen=True)

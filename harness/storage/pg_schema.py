@@ -117,6 +117,18 @@ PG_MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
         )""",
         "CREATE INDEX leases_expires ON leases(expires)",
     ),
+    (
+        # Which daemon has a live subscriber for which session ('*': every session), and
+        # the channel it hears live events (streaming deltas) on: the daemon that runs
+        # a session sends them only there (harness/storage/pg_live.py). Soft state,
+        # renewed like a lease, so UNLOGGED: a crash of the server loses nothing durable.
+        f"""CREATE UNLOGGED TABLE watchers (
+            channel {_KEY} NOT NULL,
+            session_id {_KEY} NOT NULL,
+            expires DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (channel, session_id)
+        )""",
+    ),
 )
 
 PG_SCHEMA_VERSION: Final = len(PG_MIGRATIONS)

@@ -24,7 +24,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 import trio
@@ -45,6 +45,9 @@ from harness.messages.model import (
     UserMessage,
 )
 from harness.messages.todo import Todo
+
+if TYPE_CHECKING:
+    from harness.storage.pg_live import LiveRelay
 
 log = structlog.get_logger("harness.ledger")
 
@@ -82,6 +85,11 @@ class ClusterHooks:
     orphan: Callable[[str], None] = lambda session_id: None
     # A permission.replied event written through another daemon: its data.
     replied: Callable[[dict[str, Any]], None] = lambda data: None
+    # A question.replied or question.rejected written through another daemon: its type
+    # and data.
+    answered: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
+    # A session this daemon runs was cancelled or deleted through another daemon.
+    cancel: Callable[[str], None] = lambda session_id: None
 
 
 class LedgerPort(ABC):
@@ -90,6 +98,8 @@ class LedgerPort(ABC):
     # Whether other daemons share this ledger (leases, fences and the feed matter).
     cluster: bool = False
     location = ""  # where it is, for messages: a file, or a database without its password
+    # A shared ledger's relay of live events (deltas) between daemons (pg_live.py).
+    live: LiveRelay | None = None
     # SQL that is true when an assistant message's JSON ``data`` has no ``completed``.
     _COMPLETED_IS_NULL = "json_extract(data, '$.completed') IS NULL"
 
@@ -154,6 +164,17 @@ class LedgerPort(ABC):
     def open_asks(self, session_id: str | None = None) -> list[dict[str, Any]]:
         """Permission asks pending on any daemon of a shared ledger (none for one process,
         whose asks its Permission actor lists): ``permission.asked`` data."""
+        return []
+
+    def cancel_pending(self, session_id: str) -> bool:
+        """Whether a cancel sent through another daemon of a shared ledger awaits the
+        session's claimed turn (its holder died before acting on it). Never, for one
+        process, whose cancels act at once."""
+        return False
+
+    def open_questions(self, session_id: str | None = None) -> list[dict[str, Any]]:
+        """Questions pending on any daemon of a shared ledger (none for one process):
+        ``question.asked`` data."""
         return []
 
     # --- writing ---------------------------------------------------------------------------

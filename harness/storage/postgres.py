@@ -39,8 +39,9 @@ import structlog
 import trio
 
 from harness.messages.events import Event
-from harness.messages.mailbox import FeedMessage, Publish, WriteEvents
+from harness.messages.mailbox import FeedMessage, Publish, RegisterChild, WriteEvents
 from harness.storage.ledger import stored_text
+from harness.storage.pg_live import LiveRelay
 from harness.storage.pg_schema import PG_MIGRATIONS, PG_SCHEMA_VERSION
 from harness.storage.port import LedgerError, LedgerFenced, LedgerPort
 from harness.storage.projections import PROJECTIONS
@@ -109,6 +110,14 @@ def describe_dsn(dsn: str) -> str:
     return f"postgresql://{user}{host}{port}/{parts.get('dbname') or ''}"
 
 
+def _application_name(dsn: str) -> str:
+    """What the daemon's connections are called in ``pg_stat_activity``: the URL's
+    ``application_name`` if it names one (to tell daemons apart), else ``harness``."""
+    from psycopg import conninfo
+
+    return str(conninfo.conninfo_to_dict(dsn).get("application_name") or "harness")
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
@@ -144,6 +153,7 @@ class PostgresLedger(LedgerPort):
     ) -> None:
         super().__init__(post_delay=post_delay, read_only=read_only)
         self.dsn = check_dsn(dsn)
+        self._application = _application_name(dsn)
         self.where = self.location = describe_dsn(dsn)
         self.lease_seconds = lease_seconds
         # Who this daemon is in the leases table: unique per process start.
@@ -163,6 +173,7 @@ class PostgresLedger(LedgerPort):
                 self._migrate()
             self._write = self._connect()
             self._control = self._connect()
+            self.live = self._live = LiveRelay(self.schema, lease_seconds, self._connect_raw)
         except BaseException:
             self._read.close()
             raise
@@ -178,7 +189,7 @@ class PostgresLedger(LedgerPort):
 
         try:
             return psycopg.connect(
-                self.dsn, autocommit=True, connect_timeout=10, application_name="harness"
+                self.dsn, autocommit=True, connect_timeout=10, application_name=self._application
             )
         except psycopg.Error as error:
             raise LedgerError(
@@ -320,7 +331,7 @@ class PostgresLedger(LedgerPort):
         import psycopg
 
         return psycopg.connect(
-            self.dsn, autocommit=True, connect_timeout=10, application_name="harness"
+            self.dsn, autocommit=True, connect_timeout=10, application_name=self._application
         )
 
     def _append(
@@ -432,6 +443,7 @@ class PostgresLedger(LedgerPort):
             nursery.start_soon(self._tail, feed, start)
             nursery.start_soon(self._listen)
             nursery.start_soon(self._keep_leases)
+            nursery.start_soon(self._live.run, feed)
             try:
                 await LedgerPort.run_writer(self, feed, task_status=task_status)
             finally:
@@ -490,13 +502,38 @@ class PostgresLedger(LedgerPort):
     ) -> None:
         if feed is not None:
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                if foreign:
+                    await self._register_children(feed, events)
                 await feed.send(Publish(events))
         if foreign and self.hooks is not None:
-            for event in events:
-                if event.type == "inbox.added":
-                    self.hooks.wake(event.session_id)
-                elif event.type == "permission.replied" and event.data.get("remote"):
-                    self.hooks.replied(event.data)
+            self._hand_over(events)
+
+    @staticmethod
+    async def _register_children(
+        feed: trio.MemorySendChannel[FeedMessage], events: list[Event]
+    ) -> None:
+        """A child session another daemon made belongs to its parent's tree here too, so
+        that a subscriber to the parent hears the child's events (before they come)."""
+        for event in events:
+            if event.type == "session.created" and event.data.get("parent_id"):
+                await feed.send(RegisterChild(str(event.data["parent_id"]), event.session_id))
+
+    def _hand_over(self, events: list[Event]) -> None:
+        """What another daemon wrote that this one must act on, to the harness's hooks."""
+        hooks = self.hooks
+        assert hooks is not None
+        for event in events:
+            kind = event.type
+            if kind == "inbox.added":
+                hooks.wake(event.session_id)
+            elif kind in ("permission.replied", "question.replied", "question.rejected"):
+                if event.data.get("remote"):
+                    if kind == "permission.replied":
+                        hooks.replied(event.data)
+                    else:
+                        hooks.answered(kind, event.data)
+            elif kind in ("cancel.requested", "session.deleted") and self.holds(event.session_id):
+                hooks.cancel(event.session_id)  # a turn run here stops: cancelled, or gone
 
     async def _listen(self) -> None:
         """LISTEN on the channel; every notification wakes the tail. No thread: the
@@ -517,6 +554,7 @@ class PostgresLedger(LedgerPort):
             delay = 0.1
             try:
                 conn.execute(f'LISTEN "{self.channel}"')
+                self._live.listening(conn)
                 self._wake_tail()  # what was committed while we were away
                 pgconn = conn.pgconn
                 while True:
@@ -525,6 +563,8 @@ class PostgresLedger(LedgerPort):
                     woken = False
                     ours = self._write.pgconn.backend_pid
                     while (notify := pgconn.notifies()) is not None:
+                        if self._live.heard(notify.relname.decode(), notify.extra.decode()):
+                            continue  # live events, or who watches them (pg_live.py)
                         # A commit of this daemon's writer reaches the tail as it is: no
                         # need to read it back from the log.
                         woken = woken or notify.be_pid != ours
@@ -552,6 +592,30 @@ class PostgresLedger(LedgerPort):
             " AND r.seq > a.seq AND r.type IN ('permission.replied', 'permission.decided')"
             " AND coalesce(r.data::json ->> 'id', r.data::json ->> 'request_id')"
             " = a.data::json ->> 'id') ORDER BY a.seq",
+            (session_id, session_id),
+        )
+        return [json.loads(row[0]) for row in rows]
+
+    def cancel_pending(self, session_id: str) -> bool:
+        """A ``cancel.requested`` written since the session's turn last started: by seq,
+        so that the clocks of the daemons involved do not matter."""
+        rows = self._rows(
+            "SELECT 1 FROM events WHERE session_id = ? AND type = 'cancel.requested'"
+            " AND seq > (SELECT coalesce(max(seq), 0) FROM events WHERE session_id = ?"
+            " AND type = 'turn.started') LIMIT 1",
+            (session_id, session_id),
+        )
+        return bool(rows)
+
+    def open_questions(self, session_id: str | None = None) -> list[dict[str, Any]]:
+        """Questions of turns in flight, neither answered nor dropped (on whichever daemon)."""
+        rows = self._rows(
+            "SELECT a.data FROM events a JOIN turns t ON t.session_id = a.session_id"
+            " WHERE a.type = 'question.asked' AND a.ts >= t.started"
+            " AND (CAST(? AS TEXT) IS NULL OR a.session_id = ?)"
+            " AND NOT EXISTS (SELECT 1 FROM events r WHERE r.session_id = a.session_id"
+            " AND r.seq > a.seq AND r.type IN ('question.replied', 'question.rejected')"
+            " AND r.data::json ->> 'id' = a.data::json ->> 'id') ORDER BY a.seq",
             (session_id, session_id),
         )
         return [json.loads(row[0]) for row in rows]

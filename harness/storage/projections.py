@@ -41,7 +41,9 @@ def _upsert_session(execute: Execute, seq: int, data: dict[str, Any], text: str)
 
 def _delete_session(execute: Execute, seq: int, data: dict[str, Any], text: str) -> None:
     session_id = data["id"]
-    for table in ("parts", "messages", "inbox", "todos"):
+    # Its claimed turn too: left behind (a holder that died after the deletion), the turn
+    # would be found by every recovery scan, claimed for a session that no longer exists.
+    for table in ("parts", "messages", "inbox", "todos", "turns"):
         execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
     execute("DELETE FROM sessions WHERE id = ?", (session_id,))
 
