@@ -129,3 +129,70 @@ def test_the_toml_parser_is_imported_only_when_there_is_a_config_file(
     (project / ".harness").mkdir(exist_ok=True)
     (project / ".harness" / "config.toml").write_text("max_steps = 5\n")
     assert _imports(tmp_path, *run, watched=("tomllib",)) == ["tomllib"]
+
+
+# What a `harness run` on the Mistral wire path must not have loaded when it sends its
+# first request (issue 14, start-up): each was measured on that path and is not used there.
+NOT_BEFORE_THE_FIRST_REQUEST = (
+    # Optional extras structlog and httpx load for other programs (harness.lean_imports).
+    "rich",
+    "pygments",
+    "click",
+    "httpx._main",
+    "asyncio",  # structlog's and the SDK's async helpers; harness runs on Trio
+    "importlib.metadata",  # pydantic's plugin scan
+)
+
+_FIRST_REQUEST_PROBE = """
+import json, sys
+from harness import install_lean_imports
+install_lean_imports()  # as harness.cli.main does first; idempotent, so main's is a no-op
+import httpx
+send = httpx.AsyncClient.send
+async def first_send(self, *args, **kwargs):
+    if not hasattr(first_send, "seen"):
+        first_send.seen = sorted(m for m in sys.modules if sys.modules[m] is not None)
+    return await send(self, *args, **kwargs)
+httpx.AsyncClient.send = first_send
+from harness.cli import main
+try:
+    main(sys.argv[2:])
+except SystemExit as exit:
+    code = exit.code
+with open(sys.argv[1], "w") as out:
+    json.dump({"code": code, "loaded": getattr(first_send, "seen", None)}, out)
+"""
+
+
+async def _loaded_at_first_request(tmp_path: Path, project: Path) -> list[str]:
+    """The modules a `harness run --model mistral/…` had loaded when it sent its request."""
+    import trio
+    from wire_server import Reply, chunk, wire_server
+
+    answer = Reply(events=[chunk("ok", finish="stop")])
+    report = tmp_path / "report.json"
+    async with wire_server(answer) as server:
+        env = dict(os.environ)
+        env |= {
+            "HARNESS_HOME": str(tmp_path / "home"),
+            "HARNESS_SOCKET": str(tmp_path / "no.sock"),
+            "MISTRAL_API_KEY": "test-key",
+        }
+        command = [sys.executable, "-c", _FIRST_REQUEST_PROBE, str(report), "run", "--embedded"]
+        command += ["--model", "mistral/devstral-medium-latest", "--base-url", server.url]
+        command += ["--dir", str(project), "hi"]
+        done = await trio.run_process(command, env=env, capture_stdout=True, capture_stderr=True)
+        assert len(server.requests) == 1, done.stderr
+    result = json.loads(report.read_text())
+    assert result["code"] in (0, None), done.stderr
+    assert done.stdout.decode().strip() == "ok"
+    loaded: list[str] = result["loaded"]
+    return loaded
+
+
+async def test_a_wire_run_sends_its_first_request_without_what_it_does_not_use(
+    tmp_path: Path, project: Path
+) -> None:
+    loaded = await _loaded_at_first_request(tmp_path, project)
+    assert "harness.providers.mistral" in loaded and "structlog" in loaded  # the probe works
+    assert [m for m in NOT_BEFORE_THE_FIRST_REQUEST if m in loaded] == []
