@@ -141,6 +141,21 @@ NOT_BEFORE_THE_FIRST_REQUEST = (
     "httpx._main",
     "asyncio",  # structlog's and the SDK's async helpers; harness runs on Trio
     "importlib.metadata",  # pydantic's plugin scan
+    "harness.messages.api",  # the daemon API's 25 request and answer models
+)
+
+# harness's models that a run validates only after its first request (or never, without a
+# config file): built on first use (``defer_build``), not at import.
+NOT_BUILT_BEFORE_THE_FIRST_REQUEST = (
+    "harness.messages.model.ToolPart",
+    "harness.messages.model.ToolCompleted",
+    "harness.messages.model.MessageWithParts",
+    "harness.messages.model.PatchPart",
+    "harness.messages.todo.TodoList",
+    "harness.messages.question.QuestionRequest",
+    "harness.messages.permission.PermissionRequest",
+    "harness.config_files.ConfigFile",
+    "harness.mcp.spec.McpServerSpec",
 )
 
 _FIRST_REQUEST_PROBE = """
@@ -152,6 +167,14 @@ send = httpx.AsyncClient.send
 async def first_send(self, *args, **kwargs):
     if not hasattr(first_send, "seen"):
         first_send.seen = sorted(m for m in sys.modules if sys.modules[m] is not None)
+        import pydantic
+        models, found = [pydantic.BaseModel], []
+        while models:
+            model = models.pop()
+            models.extend(model.__subclasses__())
+            if model.__module__.startswith("harness.") and model.__pydantic_complete__:
+                found.append(f"{model.__module__}.{model.__qualname__}")
+        first_send.built = sorted(found)
     return await send(self, *args, **kwargs)
 httpx.AsyncClient.send = first_send
 from harness.cli import main
@@ -160,12 +183,14 @@ try:
 except SystemExit as exit:
     code = exit.code
 with open(sys.argv[1], "w") as out:
-    json.dump({"code": code, "loaded": getattr(first_send, "seen", None)}, out)
+    seen = {key: getattr(first_send, key, None) for key in ("seen", "built")}
+    json.dump({"code": code, "loaded": seen["seen"], "built": seen["built"]}, out)
 """
 
 
-async def _loaded_at_first_request(tmp_path: Path, project: Path) -> list[str]:
-    """The modules a `harness run --model mistral/…` had loaded when it sent its request."""
+async def _at_first_request(tmp_path: Path, project: Path) -> dict[str, list[str]]:
+    """What a `harness run --model mistral/…` had loaded (modules) and built (harness's
+    pydantic models) when it sent its request."""
     import trio
     from wire_server import Reply, chunk, wire_server
 
@@ -186,13 +211,15 @@ async def _loaded_at_first_request(tmp_path: Path, project: Path) -> list[str]:
     result = json.loads(report.read_text())
     assert result["code"] in (0, None), done.stderr
     assert done.stdout.decode().strip() == "ok"
-    loaded: list[str] = result["loaded"]
-    return loaded
+    return {"loaded": result["loaded"], "built": result["built"]}
 
 
 async def test_a_wire_run_sends_its_first_request_without_what_it_does_not_use(
     tmp_path: Path, project: Path
 ) -> None:
-    loaded = await _loaded_at_first_request(tmp_path, project)
+    found = await _at_first_request(tmp_path, project)
+    loaded, built = found["loaded"], found["built"]
     assert "harness.providers.mistral" in loaded and "structlog" in loaded  # the probe works
     assert [m for m in NOT_BEFORE_THE_FIRST_REQUEST if m in loaded] == []
+    assert "harness.messages.model.UserMessage" in built  # written before the request
+    assert [m for m in NOT_BUILT_BEFORE_THE_FIRST_REQUEST if m in built] == []

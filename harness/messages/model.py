@@ -13,10 +13,14 @@ from pydantic import BaseModel, ConfigDict, Field
 SessionStatus = Literal["idle", "busy", "retry", "error"]
 Delivery = Literal["queue", "steer"]
 PermissionAction = Literal["allow", "deny", "ask"]
+# What reverting did to one file: the snapshots' result and the daemon API's answer.
+RevertAction = Literal["restored", "deleted", "recreated", "unchanged"]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Built on first use, not at import: a run's first request needs a handful of these
+    # (Session, UserMessage, TextPart…); the rest waits for the steps that use them.
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 class Rule(_Model):
