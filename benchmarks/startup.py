@@ -14,7 +14,8 @@ the two trees run alternately, one run each in turn, so that the shared machine'
 falls on both alike; the load average is printed with the figures.
 
 The other tree is measured with its own ``.venv`` (its ``bin/harness``), its bytecode
-written first as for this one.
+written first as for this one; a tree without one (``git archive`` of a commit) runs as
+``python -m harness`` on this tree's venv, and ``--module`` runs every tree that way.
 """
 
 from __future__ import annotations
@@ -34,16 +35,28 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import loop  # noqa: E402  (benchmarks/loop.py: the CLI run and the wire server)
 
 
-def _tree_command(tree: Path) -> list[str]:
+def _tree_command(tree: Path, module: bool) -> list[str]:
+    """The tree's own ``.venv/bin/harness``; else (or with ``--module``) ``python -m``."""
     script = tree / ".venv" / "bin" / "harness"
-    if not script.exists():
-        raise SystemExit(f"{tree}: no .venv/bin/harness")
-    return [str(script)]
+    if script.exists() and not module:
+        return [str(script)]
+    python = tree / ".venv" / "bin" / "python"
+    return [str(python if python.exists() else sys.executable), "-m", "harness"]
 
 
-def _measure(tree: Path, steps: int, wire: str | None) -> dict[str, Any]:
-    loop.harness_command = lambda: _tree_command(tree)  # type: ignore[assignment]
-    return loop.cli_run(steps, wire)
+def _measure(tree: Path, steps: int, wire: str | None, module: bool) -> dict[str, Any]:
+    loop.harness_command = lambda: _tree_command(tree, module)  # type: ignore[assignment]
+    # With ``python -m``, the tree's package comes first on the path (a tree without a
+    # venv of its own, e.g. an exported commit, runs on this one's).
+    previous = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(tree)
+    try:
+        return loop.cli_run(steps, wire)
+    finally:
+        if previous is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = previous
 
 
 def _summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
@@ -60,6 +73,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--path", choices=loop.PATHS, action="append")
+    parser.add_argument(
+        "--module", action="store_true", help="run every tree as python -m harness"
+    )
     args = parser.parse_args()
     trees = {"this": ROOT}
     if args.base is not None:
@@ -76,7 +92,7 @@ def main() -> int:
             for path in paths:
                 for name, tree in trees.items():
                     samples[name][path].append(
-                        _measure(tree, args.steps, wire if path == "wire" else None)
+                        _measure(tree, args.steps, wire if path == "wire" else None, args.module)
                     )
     load_after = os.getloadavg()
     print(
