@@ -23,6 +23,9 @@ that embeds harness keeps its libraries as they are. Measured on a ``harness run
   processes run without pydantic plugins, as ``PYDANTIC_DISABLE_PLUGINS=__all__`` would
   have it, without setting that variable for the commands they run.
 
+And the methods ``dataclasses`` generates for each class come compiled from a cache
+(``harness.generated_code``).
+
 Each is done only when the module is not loaded yet; anything imported afterwards
 (``rich`` by ``harness chat``, ``asyncio`` by the MCP SDK) loads as usual. Start-up runs
 in one thread, so nothing else imports while a name is hidden.
@@ -37,6 +40,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from importlib.machinery import ModuleSpec
 from typing import TYPE_CHECKING, Any, cast
+
+from harness import generated_code
 
 if TYPE_CHECKING:
     from importlib.abc import Loader  # importlib.abc itself loads importlib.resources
@@ -54,6 +59,7 @@ PLUGIN_LOADER = "pydantic.plugin._loader"
 
 def install() -> None:
     """Put the finder first on ``sys.meta_path`` (idempotent); it leaves when done."""
+    generated_code.install()
     if any(isinstance(finder, _LeanFinder) for finder in sys.meta_path):
         return
     waiting = {name for name in (*HIDDEN, *DEFERRED, PLUGIN_LOADER) if name not in sys.modules}
