@@ -18,6 +18,10 @@ that embeds harness keeps its libraries as they are. Measured on a ``harness run
   its client's retries and threads; harness uses only its models). While they load,
   ``asyncio`` is a stand-in that imports the real package on first use, so those
   functions would still work.
+- *ssl* (OpenSSL's TLS state: 2.2 MB, ~10 ms) is imported at module level by Trio,
+  httpcore, ``http.client`` and ``urllib.request``, which use it only to make or check
+  a TLS connection. A run that never speaks TLS (the scripted model, a local
+  ``http://`` server) never needs it; one that does imports it on its first use.
 - *pydantic* looks for plugins (an ``importlib.metadata`` scan of every installed
   distribution's entry points, 16 more modules) when it builds its first model. harness's
   processes run without pydantic plugins, as ``PYDANTIC_DISABLE_PLUGINS=__all__`` would
@@ -36,6 +40,7 @@ from __future__ import annotations
 import importlib
 import sys
 import types
+import typing
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from importlib.machinery import ModuleSpec
@@ -52,7 +57,18 @@ HIDDEN = {
     "httpx": ("click", "rich", "pygments"),
 }
 # A library → the modules it gets as stand-ins that import the real one on first use.
-DEFERRED = {"structlog": ("asyncio",), "mistralai.client.utils": ("asyncio",)}
+DEFERRED = {
+    "structlog": ("asyncio",),
+    "mistralai.client.utils": ("asyncio",),
+    "trio": ("ssl",),
+    "httpcore": ("ssl",),
+    "http.client": ("ssl",),
+    "urllib.request": ("ssl",),
+}
+# What a deferred module's importers name in annotations evaluated as they load
+# (httpcore/_ssl.py has no ``from __future__ import annotations``): meanwhile, forward
+# references; afterwards, asked of the real module like any other name.
+ANNOTATED = {"ssl": ("SSLContext",)}
 # pydantic's plugin loader, replaced by one that finds no plugin.
 PLUGIN_LOADER = "pydantic.plugin._loader"
 
@@ -157,10 +173,15 @@ def _stand_in(name: str) -> Iterator[None]:
         yield
         return
     stand_in = _Deferred(name)
+    annotated = ANNOTATED.get(name, ())
+    for attribute in annotated:
+        setattr(stand_in, attribute, typing.ForwardRef(f"{name}.{attribute}"))
     sys.modules[name] = stand_in
     try:
         yield
     finally:
+        for attribute in annotated:
+            vars(stand_in).pop(attribute, None)
         if sys.modules.get(name) is stand_in:
             del sys.modules[name]
 

@@ -142,6 +142,7 @@ NOT_BEFORE_THE_FIRST_REQUEST = (
     "asyncio",  # structlog's and the SDK's async helpers; harness runs on Trio
     "importlib.metadata",  # pydantic's plugin scan
     "harness.messages.api",  # the daemon API's 25 request and answer models
+    "ssl",  # OpenSSL's TLS: the server is plain http:// (Trio and httpcore defer it)
 )
 
 # harness's models that a run validates only after its first request (or never, without a

@@ -47,7 +47,7 @@ import sys
 from harness import install_lean_imports
 install_lean_imports()
 import harness.providers.mistral as ours
-import structlog  # the last of the modules the finder waits for
+import structlog, trio, httpcore, http.client, urllib.request  # what else the finder awaits
 assert "asyncio" not in sys.modules
 utils = sys.modules["mistralai.client.utils"]
 import asyncio
