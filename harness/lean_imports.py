@@ -30,9 +30,11 @@ that embeds harness keeps its libraries as they are. Measured on a ``harness run
 And the methods ``dataclasses`` generates for each class come compiled from a cache
 (``harness.generated_code``).
 
-Each is done only when the module is not loaded yet; anything imported afterwards
-(``rich`` by ``harness chat``, ``asyncio`` by the MCP SDK) loads as usual. Start-up runs
-in one thread, so nothing else imports while a name is hidden.
+Each is done only when the module is not loaded yet, and only while its library loads;
+anything imported afterwards (``rich`` by ``harness chat``, ``asyncio`` by the MCP SDK,
+``ssl`` by the first TLS connection) loads as usual. Another thread importing a
+stood-in module meanwhile gets the stand-in, which works; the hidden ones (``rich``,
+``click``…) no harness thread imports.
 """
 
 from __future__ import annotations
