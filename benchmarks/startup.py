@@ -9,7 +9,8 @@ Run from the repository root::
 Each run is one ``harness run`` process of ``benchmarks/loop.py`` (``cli_run``): the
 scripted provider, then ``mistral/…`` against loop.py's local wire server in its own
 process. For each it reports launch → first model request (wall), the whole process's CPU
-(user+sys, ``os.wait4``) and its peak RSS, best and median over the runs. With ``--base``
+(user+sys, ``os.wait4``) and its peak RSS, best and median over the runs; and the wall
+time of ``harness --help``. With ``--base``
 the two trees run alternately, one run each in turn, so that the shared machine's load
 falls on both alike; the load average is printed with the figures.
 
@@ -25,7 +26,9 @@ import compileall
 import json
 import os
 import statistics
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +62,16 @@ def _measure(tree: Path, steps: int, wire: str | None, module: bool) -> dict[str
             os.environ["PYTHONPATH"] = previous
 
 
+def _help_wall(tree: Path, module: bool) -> float:
+    """Wall time of ``harness --help``, in ms (with ``--module``, from the tree's path)."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    started = time.perf_counter()
+    subprocess.run(
+        [*_tree_command(tree, module), "--help"], check=True, stdout=subprocess.DEVNULL, env=env
+    )
+    return (time.perf_counter() - started) * 1e3
+
+
 def _summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, scale in (("to_first_request", 1e3), ("cpu", 1e3), ("maxrss_mb", 1.0)):
@@ -86,6 +99,7 @@ def main() -> int:
     samples: dict[str, dict[str, list[dict[str, Any]]]] = {
         name: {path: [] for path in paths} for name in trees
     }
+    helps: dict[str, list[float]] = {name: [] for name in trees}
     load_before = os.getloadavg()
     with loop.WireServerProcess() as wire:
         for _ in range(args.runs):
@@ -94,6 +108,8 @@ def main() -> int:
                     samples[name][path].append(
                         _measure(tree, args.steps, wire if path == "wire" else None, args.module)
                     )
+            for name, tree in trees.items():
+                helps[name].append(_help_wall(tree, args.module))
     load_after = os.getloadavg()
     print(
         f"load average {load_before[0]:.2f} → {load_after[0]:.2f}; "
@@ -112,6 +128,11 @@ def main() -> int:
                 f"{cells[1]['best']:7.0f} / {cells[1]['median']:6.0f}  "
                 f"{cells[2]['best']:6.1f} / {cells[2]['median']:5.1f}"
             )
+    for name in trees:
+        values = helps[name]
+        best, median = min(values), statistics.median(values)
+        results["trees"][name]["help_ms"] = {"best": best, "median": median}
+        print(f"harness --help   {name:5} {best:9.0f} / {median:6.0f} ms")
     print(json.dumps(results))
     return 0
 
