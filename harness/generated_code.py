@@ -69,7 +69,10 @@ def install() -> None:
     global _path, _fd
     if _path is not None:
         return
-    _path = cache_path()
+    try:
+        _path = cache_path()
+    except (RuntimeError, KeyError):  # no home directory to keep a cache in: compile
+        return
     opened = _open(_path)
     if opened is not None:
         _fd, index = opened

@@ -149,8 +149,8 @@ NOT_BEFORE_THE_FIRST_REQUEST = (
 # harness's models that a run validates only after its first request (or never, without a
 # config file): built on first use (``defer_build``), not at import.
 NOT_BUILT_BEFORE_THE_FIRST_REQUEST = (
-    "harness.messages.model.ToolPart",
-    "harness.messages.model.ToolCompleted",
+    "harness.messages.model.ReasoningPart",
+    "harness.messages.model.CompactionPart",
     "harness.messages.model.MessageWithParts",
     "harness.messages.model.PatchPart",
     "harness.messages.todo.TodoList",
