@@ -21,7 +21,9 @@ bytecode, it belongs to the interpreter, and is the same for every home.)
 It works by giving ``dataclasses`` a module-level ``exec`` of its own, which it finds
 before the builtin. Installed by the command
 line only (``harness.cli``), like ``harness.lean_imports``. A file that cannot be read
-or holds something else is ignored; one that cannot be written is not an error.
+or holds something else is ignored; one that cannot be written is not an error. The
+file is trusted as ``__pycache__`` is: it is the user's own, in a directory only they
+can enter (0700), and whoever can write there can already run code as them.
 """
 
 from __future__ import annotations

@@ -239,7 +239,8 @@ def _self_signed(tmp_path: Path) -> ssl.SSLContext:
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
-         "-days", "1", "-keyout", str(key), "-out", str(cert)],
+         "-addext", "subjectAltName=IP:127.0.0.1", "-days", "1", "-keyout", str(key),
+         "-out", str(cert)],
         check=True, capture_output=True, timeout=60,
     )  # fmt: skip
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -299,6 +300,51 @@ import httpcore._ssl
 assert httpcore._ssl.default_ssl_context().verify_mode == ssl.CERT_REQUIRED
 print("ok")
 """
+
+
+_TLS_AFTER_LEAN_IMPORTS = """
+import sys
+from harness import install_lean_imports
+install_lean_imports()  # as the CLI does: Trio and httpcore load with ssl deferred
+import httpx, trio
+assert "ssl" not in sys.modules
+cert, key = sys.argv[1], sys.argv[2]
+
+async def main():
+    import ssl
+    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_context.load_cert_chain(cert, key)
+
+    async def answer(stream):
+        request = b""
+        while b"\\r\\n\\r\\n" not in request:
+            request += await stream.receive_some(4096)
+        await stream.send_all(b"HTTP/1.1 200 OK\\r\\ncontent-length: 2\\r\\n\\r\\nok")
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(trio.serve_ssl_over_tcp, answer, 0, server_context)
+        port = listeners[0].transport_listener.socket.getsockname()[1]
+        trusted = ssl.create_default_context(cafile=cert)
+        async with httpx.AsyncClient(verify=trusted) as client:
+            reply = await client.get(f"https://127.0.0.1:{port}/")
+        nursery.cancel_scope.cancel()
+    print(reply.status_code, reply.text)
+
+trio.run(main)
+"""
+
+
+def test_tls_works_through_the_deferred_ssl(tmp_path: Path) -> None:
+    """Trio's and httpcore's TLS code, loaded with ssl deferred, make a real TLS exchange."""
+    _self_signed(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-c", _TLS_AFTER_LEAN_IMPORTS, str(tmp_path / "cert.pem"),
+         str(tmp_path / "key.pem")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "200 ok"
 
 
 def test_a_plain_http_client_never_imports_ssl() -> None:
