@@ -93,6 +93,10 @@ def _open(path: Path) -> tuple[int, dict[bytes, tuple[int, int]]] | None:
     except OSError:
         return None
     try:
+        info = os.fstat(fd)
+        # Code is run from it: only a file of this user's that no one else may write.
+        if info.st_uid != os.getuid() or info.st_mode & 0o022:
+            raise ValueError("not this user's own file")
         head = os.pread(fd, len(_TAG) + _SIZE.size, 0)
         if len(head) == len(_TAG) + _SIZE.size and head.startswith(_TAG):
             (size,) = _SIZE.unpack_from(head, len(_TAG))

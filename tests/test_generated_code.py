@@ -110,6 +110,16 @@ def test_an_unreadable_cache_file_is_compiled_afresh_and_replaced(tmp_path: Path
     assert compiled["compiled"] == 0  # the file was written anew
 
 
+def test_a_cache_file_others_may_write_is_not_trusted(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    _run(_WITH_CACHE, cache)
+    (path,) = (cache / "harness").iterdir()
+    path.chmod(0o666)
+    _, compiled = _run(_WITH_CACHE, cache)
+    assert compiled["compiled"] > 0  # compiled, not run from that file
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600  # and written anew, private
+
+
 def test_an_unwritable_cache_directory_is_not_an_error(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     cache.write_text("a file where the directory should be")
