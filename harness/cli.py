@@ -96,7 +96,7 @@ def _redact_output() -> None:
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     parser = _parser()
     args = parser.parse_args(argv)
-    _lean_imports()
+    _lean_imports()  # first: what follows imports the libraries
     _redact_output()
     try:
         handler = getattr(args, "handler", None)
