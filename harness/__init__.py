@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         read_project,
     )
     from harness.frontmatter import use_store as use_front_matter_store
+    from harness.lean_imports import install as install_lean_imports
     from harness.logs import configure_logging
     from harness.messages.events import Event, TurnResult
     from harness.messages.ids import message_id as new_message_id
@@ -95,6 +96,7 @@ __all__ = [
     "default_home",
     "global_catalog",
     "has_secrets",
+    "install_lean_imports",
     "load_settings",
     "new_message_id",
     "no_terminal_hint",
@@ -162,6 +164,8 @@ _WHERE = {
     "serve_acp": ("harness.acp.agent", "serve_acp"),
     "SessionFlags": ("harness.acp.agent", "SessionFlags"),
     "configure_logging": ("harness.logs", "configure_logging"),
+    # What the CLI's processes leave out of their libraries' imports (issue 14).
+    "install_lean_imports": ("harness.lean_imports", "install"),
     "open_private": ("harness.private", "open_private"),
     "private_dir": ("harness.private", "private_dir"),
     "probe_mcp_servers": ("harness.actors.mcp_client", "probe"),

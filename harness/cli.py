@@ -75,6 +75,13 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _lean_imports() -> None:
+    """Libraries load without their extras for other programs (see harness.lean_imports)."""
+    from harness import install_lean_imports
+
+    install_lean_imports()
+
+
 def _redact_output() -> None:
     """Whatever a command prints passes redaction when this process knows a secret."""
     from harness import RedactingStream, has_secrets
@@ -89,6 +96,7 @@ def _redact_output() -> None:
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     parser = _parser()
     args = parser.parse_args(argv)
+    _lean_imports()  # first: what follows imports the libraries
     _redact_output()
     try:
         handler = getattr(args, "handler", None)

@@ -33,7 +33,8 @@ class ConfigFileError(ConfigError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    # Built when a file is read: most runs have no configuration file at all.
+    model_config = ConfigDict(extra="forbid", strict=True, defer_build=True)
 
 
 class ModelSpec(_Strict):

@@ -30,9 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.messages import ids
-from harness.messages.api import RevertAction
 from harness.messages.events import NewEvent
-from harness.messages.model import PatchFile, PatchPart
+from harness.messages.model import PatchFile, PatchPart, RevertAction
 from harness.messages.names import on_disk
 
 if TYPE_CHECKING:
@@ -204,7 +203,9 @@ class RevertConflict(SnapshotError):
         )
 
 
-Action = RevertAction  # the API answers it (harness/messages/api.py)
+# The API answers it (harness/messages/api.py); declared with the models, so that a run
+# never loads the API's request and answer models (25 of them, ~14 ms of start-up).
+Action = RevertAction
 
 
 @dataclass(slots=True, frozen=True)

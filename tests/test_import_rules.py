@@ -161,6 +161,22 @@ def test_the_cli_imports_only_the_client_and_the_public_api(edges: list[Import])
     assert cli_breaches(edges) == []
 
 
+def api_model_breaches(edges: list[Import], ours: str = "harness") -> list[str]:
+    """The daemon API's models (25 of them, ~14 ms to build) are the daemon's own."""
+    allowed = (f"{ours}.server", f"{ours}.openapi", f"{ours}.messages")
+    return [
+        str(e)
+        for e in edges
+        if e.target == f"{ours}.messages.api" and not _within(e.source, *allowed)
+    ]
+
+
+def test_only_the_daemon_imports_the_api_models(edges: list[Import]) -> None:
+    # A run never needs them: harness.snapshots once took a Literal from there, and
+    # every run built the API's models before its first request (issue 14).
+    assert api_model_breaches(edges) == []
+
+
 def test_no_import_cycle_among_our_modules(edges: list[Import]) -> None:
     assert cycles(edges) == []
 
@@ -179,6 +195,8 @@ def test_the_checks_catch_each_kind_of_breach(tmp_path: Path) -> None:
         "messages/events.py": "from pkg.messages import model\n"
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.storage import ledger\n",
         "messages/model.py": "import json\n",
+        "messages/api.py": "",
+        "snapshots.py": "from pkg.messages.api import RevertAction\n",
         "storage/__init__.py": "",
         "storage/ledger.py": "from pkg.messages.events import Event\n",
         "tools/__init__.py": "",
@@ -196,6 +214,7 @@ def test_the_checks_catch_each_kind_of_breach(tmp_path: Path) -> None:
         "pkg.messages.events imports pkg.storage.ledger (line 4)"
     ]
     assert tools_breaches(found, "pkg") == ["pkg.tools.bash imports pkg.actors.session (line 2)"]
+    assert api_model_breaches(found, "pkg") == ["pkg.snapshots imports pkg.messages.api (line 1)"]
     assert sorted(cli_breaches(found, "pkg")) == [
         "pkg.cli imports pkg.actors.session (line 4)",
         "pkg.commands.run imports pkg.server (line 2)",

@@ -129,3 +129,99 @@ def test_the_toml_parser_is_imported_only_when_there_is_a_config_file(
     (project / ".harness").mkdir(exist_ok=True)
     (project / ".harness" / "config.toml").write_text("max_steps = 5\n")
     assert _imports(tmp_path, *run, watched=("tomllib",)) == ["tomllib"]
+
+
+# What a `harness run` on the Mistral wire path must not have loaded when it sends its
+# first request (issue 14, start-up): each was measured on that path and is not used there.
+NOT_BEFORE_THE_FIRST_REQUEST = (
+    # Optional extras structlog and httpx load for other programs (harness.lean_imports).
+    "rich",
+    "pygments",
+    "click",
+    "httpx._main",
+    "asyncio",  # structlog's and the SDK's async helpers; harness runs on Trio
+    "importlib.metadata",  # pydantic's plugin scan
+    "harness.messages.api",  # the daemon API's 25 request and answer models
+    "ssl",  # OpenSSL's TLS: the server is plain http:// (Trio and httpcore defer it)
+    "mistralai.client.models.completionchunk",  # the reply's model: after the request
+)
+
+# harness's models that a run validates only after its first request (or never, without a
+# config file): built on first use (``defer_build``), not at import.
+NOT_BUILT_BEFORE_THE_FIRST_REQUEST = (
+    "harness.messages.model.ReasoningPart",
+    "harness.messages.model.CompactionPart",
+    "harness.messages.model.MessageWithParts",
+    "harness.messages.model.PatchPart",
+    "harness.messages.todo.TodoList",
+    "harness.messages.question.QuestionRequest",
+    "harness.messages.permission.PermissionRequest",
+    "harness.config_files.ConfigFile",
+    "harness.mcp.spec.McpServerSpec",
+)
+
+_FIRST_REQUEST_PROBE = """
+import json, sys
+from harness import install_lean_imports
+install_lean_imports()  # as harness.cli.main does first; idempotent, so main's is a no-op
+import httpx
+send = httpx.AsyncClient.send
+async def first_send(self, *args, **kwargs):
+    if not hasattr(first_send, "seen"):
+        first_send.seen = sorted(m for m in sys.modules if sys.modules[m] is not None)
+        import pydantic
+        models, found = [pydantic.BaseModel], []
+        while models:
+            model = models.pop()
+            models.extend(model.__subclasses__())
+            if model.__module__.startswith("harness.") and model.__pydantic_complete__:
+                found.append(f"{model.__module__}.{model.__qualname__}")
+        first_send.built = sorted(found)
+    return await send(self, *args, **kwargs)
+httpx.AsyncClient.send = first_send
+from harness.cli import main
+try:
+    main(sys.argv[2:])
+except SystemExit as exit:
+    code = exit.code
+with open(sys.argv[1], "w") as out:
+    seen = {key: getattr(first_send, key, None) for key in ("seen", "built")}
+    json.dump({"code": code, "loaded": seen["seen"], "built": seen["built"]}, out)
+"""
+
+
+async def _at_first_request(tmp_path: Path, project: Path) -> dict[str, list[str]]:
+    """What a `harness run --model mistral/…` had loaded (modules) and built (harness's
+    pydantic models) when it sent its request."""
+    import trio
+    from wire_server import Reply, chunk, wire_server
+
+    answer = Reply(events=[chunk("ok", finish="stop")])
+    report = tmp_path / "report.json"
+    async with wire_server(answer) as server:
+        env = dict(os.environ)
+        env |= {
+            "HARNESS_HOME": str(tmp_path / "home"),
+            "HARNESS_SOCKET": str(tmp_path / "no.sock"),
+            "MISTRAL_API_KEY": "test-key",
+        }
+        command = [sys.executable, "-c", _FIRST_REQUEST_PROBE, str(report), "run", "--embedded"]
+        command += ["--model", "mistral/devstral-medium-latest", "--base-url", server.url]
+        command += ["--dir", str(project), "hi"]
+        done = await trio.run_process(command, env=env, capture_stdout=True, capture_stderr=True)
+        assert len(server.requests) == 1, done.stderr
+    result = json.loads(report.read_text())
+    assert result["code"] in (0, None), done.stderr
+    assert done.stdout.decode().strip() == "ok"
+    return {"loaded": result["loaded"], "built": result["built"]}
+
+
+async def test_a_wire_run_sends_its_first_request_without_what_it_does_not_use(
+    tmp_path: Path, project: Path
+) -> None:
+    found = await _at_first_request(tmp_path, project)
+    loaded, built = found["loaded"], found["built"]
+    assert "harness.providers.mistral" in loaded and "structlog" in loaded  # the probe works
+    assert [m for m in NOT_BEFORE_THE_FIRST_REQUEST if m in loaded] == []
+    assert "harness.messages.model.UserMessage" in built  # written before the request
+    assert [m for m in NOT_BUILT_BEFORE_THE_FIRST_REQUEST if m in built] == []

@@ -8,6 +8,7 @@ history message is built as an SDK model once, not once per step.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
@@ -233,19 +234,125 @@ def test_the_provider_loads_only_the_sdk_models_and_the_full_sdk_still_works(pro
     assert result.stdout.strip() == "ok"
 
 
-async def test_a_plain_http_client_loads_no_certificates_and_still_verifies_tls() -> None:
+def _self_signed(tmp_path: Path) -> ssl.SSLContext:
+    """A TLS server context with a certificate no CA vouches for (made by openssl)."""
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-days", "1", "-keyout", str(key),
+         "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    return context
+
+
+async def test_a_plain_http_client_makes_no_tls_context_and_https_through_it_is_verified(
+    tmp_path: Path,
+) -> None:
     plain = new_client("http://127.0.0.1:9", httpx.Timeout(5.0), None)
     secure = new_client("https://api.mistral.ai", httpx.Timeout(5.0), None)
+    server = trio.SSLListener(
+        (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0], _self_signed(tmp_path)
+    )
+    port = server.transport_listener.socket.getsockname()[1]
+
+    async def accept_one() -> None:
+        stream = await server.accept()
+        with contextlib.suppress(trio.BrokenResourceError, ssl.SSLError):
+            await stream.do_handshake()
+        await stream.aclose()
+
     try:
-        context = plain._transport._pool._ssl_context  # type: ignore[attr-defined]
-        assert context.cert_store_stats()["x509_ca"] == 0
-        # Nothing is trusted rather than everything: an https server would be refused.
-        assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
+        assert plain._transport._pool._ssl_context is None  # type: ignore[attr-defined]
         full = secure._transport._pool._ssl_context  # type: ignore[attr-defined]
         assert full.cert_store_stats()["x509_ca"] > 0
+        # Were an https URL to go through the plain client, its certificate is checked
+        # (httpcore's default context then): a self-signed server is refused.
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(accept_one)
+            with pytest.raises(httpx.ConnectError) as refused:
+                await plain.get(f"https://127.0.0.1:{port}/")
+        causes: list[BaseException] = []
+        error: BaseException | None = refused.value
+        while error is not None:
+            causes.append(error)
+            error = error.__cause__ or error.__context__
+        assert any(isinstance(cause, ssl.SSLCertVerificationError) for cause in causes), causes
     finally:
+        await server.aclose()
         await plain.aclose()
         await secure.aclose()
+
+
+_NO_SSL = """
+import sys
+from harness import install_lean_imports
+install_lean_imports()  # as the CLI does
+import trio, httpx
+from harness.providers.sse import new_client
+client = new_client("http://127.0.0.1:9", httpx.Timeout(5.0), None)
+assert "ssl" not in sys.modules and "_ssl" not in sys.modules, "ssl was imported"
+import ssl  # and once anyone needs it, Trio's and httpcore's TLS code gets the real one
+assert trio._ssl._stdlib_ssl.SSLContext is ssl.SSLContext
+import httpcore._ssl
+assert httpcore._ssl.default_ssl_context().verify_mode == ssl.CERT_REQUIRED
+print("ok")
+"""
+
+
+_TLS_AFTER_LEAN_IMPORTS = """
+import sys
+from harness import install_lean_imports
+install_lean_imports()  # as the CLI does: Trio and httpcore load with ssl deferred
+import httpx, trio
+assert "ssl" not in sys.modules
+cert, key = sys.argv[1], sys.argv[2]
+
+async def main():
+    import ssl
+    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_context.load_cert_chain(cert, key)
+
+    async def answer(stream):
+        request = b""
+        while b"\\r\\n\\r\\n" not in request:
+            request += await stream.receive_some(4096)
+        await stream.send_all(b"HTTP/1.1 200 OK\\r\\ncontent-length: 2\\r\\n\\r\\nok")
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(trio.serve_ssl_over_tcp, answer, 0, server_context)
+        port = listeners[0].transport_listener.socket.getsockname()[1]
+        trusted = ssl.create_default_context(cafile=cert)
+        async with httpx.AsyncClient(verify=trusted) as client:
+            reply = await client.get(f"https://127.0.0.1:{port}/")
+        nursery.cancel_scope.cancel()
+    print(reply.status_code, reply.text)
+
+trio.run(main)
+"""
+
+
+def test_tls_works_through_the_deferred_ssl(tmp_path: Path) -> None:
+    """Trio's and httpcore's TLS code, loaded with ssl deferred, make a real TLS exchange."""
+    _self_signed(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-c", _TLS_AFTER_LEAN_IMPORTS, str(tmp_path / "cert.pem"),
+         str(tmp_path / "key.pem")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "200 ok"
+
+
+def test_a_plain_http_client_never_imports_ssl() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_SSL], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
 
 
 def test_equal_messages_made_anew_are_not_encoded_again_and_dropped_ones_are_let_go() -> None:

@@ -26,7 +26,8 @@ SERVER_NAME = r"^[A-Za-z0-9_-]{1,32}$"
 
 
 class McpServerSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    # Built on first use (defer_build): not needed before a run's first request.
+    model_config = ConfigDict(extra="forbid", strict=True, defer_build=True)
 
     command: list[str] | None = Field(default=None, min_length=1)
     env: dict[str, str] = {}

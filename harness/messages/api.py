@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from harness.messages.model import Delivery, PermissionAction, Rule
+from harness.messages.model import Delivery, PermissionAction, RevertAction, Rule
 from harness.messages.permission import Reply
 
 MAX_TITLE = 200  # characters
@@ -168,9 +168,6 @@ class QuestionReplyBody(_Body):
 # What the daemon answers, as models: the server builds each answer through one of these
 # (so a field added to an answer without its model fails loudly, in tests, rather than
 # drifting from the document), and ``GET /v1/openapi.json`` is generated from them.
-
-RevertAction = Literal["restored", "deleted", "recreated", "unchanged"]
-
 
 class _Answer(BaseModel):
     model_config = ConfigDict(extra="forbid")

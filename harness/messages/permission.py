@@ -38,7 +38,8 @@ class PermissionNeed:
 class PermissionRequest(BaseModel):
     """A pending ask, as the API lists it and the ``permission.asked`` event carries it."""
 
-    model_config = ConfigDict(extra="forbid")
+    # Built on first use (defer_build): not needed before a run's first request.
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     id: str
     session_id: str

@@ -22,14 +22,15 @@ NO_TERMINAL = (
 
 
 class QuestionOption(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Built on first use (defer_build): not needed before a run's first request.
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     label: str = Field(min_length=1, max_length=200, description="The answer as shown: 1-5 words")
     description: str = Field(default="", max_length=1000, description="What this choice means")
 
 
 class QuestionInfo(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     question: str = Field(min_length=1, max_length=4000, description="The complete question")
     header: str | None = Field(
@@ -46,7 +47,7 @@ class QuestionInfo(BaseModel):
 class QuestionRequest(BaseModel):
     """A pending question set."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     id: str
     session_id: str

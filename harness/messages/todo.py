@@ -11,7 +11,8 @@ TodoPriority = Literal["high", "medium", "low"]
 
 
 class Todo(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Built on first use (defer_build): not needed before a run's first request.
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     content: str = Field(min_length=1, max_length=2000, description="What to do, briefly")
     status: TodoStatus = Field(
@@ -23,7 +24,7 @@ class Todo(BaseModel):
 class TodoList(BaseModel):
     """A session's whole task list: the payload of ``todo.updated``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     session_id: str
     todos: list[Todo]

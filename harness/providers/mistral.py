@@ -9,14 +9,16 @@ are loaded, not its client (``sdk_models``): ~0.1 s instead of ~0.2 s.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
 import secrets
 import string
+import sys
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pydantic
@@ -51,7 +53,6 @@ with models_without_the_client():  # the models only: not the SDK's client (see 
     # Each from the module that defines it: the models package's own body is not needed.
     from mistralai.client.models.assistantmessage import AssistantMessage
     from mistralai.client.models.chatcompletionstreamrequest import ChatCompletionStreamRequest
-    from mistralai.client.models.completionchunk import CompletionChunk
     from mistralai.client.models.function import Function
     from mistralai.client.models.functioncall import FunctionCall
     from mistralai.client.models.systemmessage import SystemMessage
@@ -60,9 +61,31 @@ with models_without_the_client():  # the models only: not the SDK's client (see 
     from mistralai.client.models.tool import Tool
     from mistralai.client.models.toolcall import ToolCall
     from mistralai.client.models.toolmessage import ToolMessage
-    from mistralai.client.models.usageinfo import UsageInfo
     from mistralai.client.models.usermessage import UserMessage
     from mistralai.client.types import UNSET
+
+if TYPE_CHECKING:
+    from mistralai.client.models.completionchunk import CompletionChunk
+    from mistralai.client.models.usageinfo import UsageInfo
+
+
+@functools.cache
+def chunk_model() -> type[CompletionChunk]:
+    """The SDK's stream chunk model, imported when the first response begins (~8 ms).
+
+    A run's first request does not need it, and a reply's headers come before its first
+    token: imported then, it costs the wait for the model instead of the start-up.
+    """
+    with models_without_the_client():
+        from mistralai.client.models.completionchunk import CompletionChunk
+    return CompletionChunk
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("CompletionChunk", "UsageInfo"):  # the SDK's, as the rest of the models
+        return getattr(sys.modules[chunk_model().__module__], name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 DEFAULT_BASE_URL = "https://api.mistral.ai"
 KEY_ENV = "MISTRAL_API_KEY"
@@ -210,7 +233,7 @@ def tokens_of(usage: UsageInfo | None) -> Tokens:
 
 def _parse_chunk(data: str) -> CompletionChunk:
     try:
-        return CompletionChunk.model_validate_json(data)
+        return chunk_model().model_validate_json(data)
     except pydantic.ValidationError as exc:
         err = _stream_error(data)
         if err is not None:
@@ -327,6 +350,7 @@ class MistralProvider:
             provider=self.name,
             key_env=KEY_ENV,
         ) as response:
+            chunk_model()  # the reply has begun: its first token is still to come
             data = sse_data(response)
             async with aclosing(data):
                 events = chunks_to_events(data, request.model or self.model, self._prices)

@@ -13,12 +13,11 @@ import email.utils
 import functools
 import json
 import re
-import ssl
 import time
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import trio
@@ -30,6 +29,9 @@ from harness.providers.errors import (
     ProviderError,
     RetryableError,
 )
+
+if TYPE_CHECKING:
+    import ssl  # imported by httpx when a context is made, and only then
 
 
 @functools.cache
@@ -264,21 +266,40 @@ def error_for_transport(
 def new_client(
     url: str, timeout: httpx.Timeout, transport: httpx.AsyncBaseTransport | None
 ) -> httpx.AsyncClient:
-    """The provider's HTTP client, without a certificate store where no TLS can happen.
+    """The provider's HTTP client, without TLS where no TLS can happen.
 
     httpx loads the whole CA bundle into a TLS context when a client is made (about 30 ms
-    and 1.5 MB of start-up); a plain ``http://`` server (a local model, a test server) never
-    needs it, since redirects are not followed. It gets a client-side context with no CA
-    at all instead: still verifying, so an ``https`` URL reached through it would fail
-    rather than go unchecked.
+    and 1.5 MB of start-up), and any context at all needs OpenSSL's ``ssl`` module (2.8
+    MB, ~10 ms): a plain ``http://`` server (a local model, a test server) needs neither,
+    since redirects are not followed. Its client gets ``PlainHTTPTransport``. A proxy
+    from the environment still gets httpx's own transport, verified as always.
     """
-    verify = _no_certificates() if url.startswith("http://") else shared_ssl_context()
-    return httpx.AsyncClient(timeout=timeout, transport=transport, verify=verify)
+    if url.startswith("http://"):
+        return httpx.AsyncClient(timeout=timeout, transport=transport or PlainHTTPTransport())
+    return httpx.AsyncClient(timeout=timeout, transport=transport, verify=shared_ssl_context())
 
 
-@functools.cache
-def _no_certificates() -> ssl.SSLContext:
-    return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+class PlainHTTPTransport(httpx.AsyncHTTPTransport):
+    """httpx's transport, its connection pool made without a TLS context: for ``http://``.
+
+    ``AsyncHTTPTransport.__init__`` always makes a context (importing ``ssl``); this one
+    builds the same pool as it would (httpx's default limits, HTTP/1.1) with none.
+    Should an ``https`` URL reach it anyway, httpcore would make its own default context
+    then, verifying certificates against certifi's CA bundle: nothing goes unchecked.
+    """
+
+    def __init__(self) -> None:  # no super().__init__(): that is what makes the context
+        import httpcore
+        from httpx._config import DEFAULT_LIMITS
+
+        self._pool = httpcore.AsyncConnectionPool(
+            ssl_context=None,
+            max_connections=DEFAULT_LIMITS.max_connections,
+            max_keepalive_connections=DEFAULT_LIMITS.max_keepalive_connections,
+            keepalive_expiry=DEFAULT_LIMITS.keepalive_expiry,
+            http1=True,
+            http2=False,
+        )
 
 
 @asynccontextmanager

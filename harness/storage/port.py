@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 import trio
-from pydantic import TypeAdapter
+from pydantic import ConfigDict, TypeAdapter
 
 from harness.messages.events import Event, NewEvent
 from harness.messages.mailbox import FeedMessage, Publish, WriteEvents
@@ -51,8 +51,9 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("harness.ledger")
 
-_MESSAGE: TypeAdapter[Message] = TypeAdapter(Message)
-_PART: TypeAdapter[Part] = TypeAdapter(Part)
+# Built when a row is first read back, not at import (before a run's first request).
+_MESSAGE: TypeAdapter[Message] = TypeAdapter(Message, config=ConfigDict(defer_build=True))
+_PART: TypeAdapter[Part] = TypeAdapter(Part, config=ConfigDict(defer_build=True))
 _MAX_BATCH = 1024
 
 # The lease (session_id, epoch) of the session actor whose task writes: set by the actor

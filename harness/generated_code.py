@@ -1,0 +1,208 @@
+"""The methods ``dataclasses`` generates, compiled once per machine (issue 14).
+
+Every ``@dataclass`` writes the source of its ``__init__``, ``__repr__``, ``__eq__``,
+``__hash__`` (and, frozen, ``__setattr__``/``__delattr__``) and compiles it, one
+``exec`` per method, each time the class is created. A ``harness run`` creates about 160
+dataclasses before its first request (harness's messages, pydantic's, h11's…): 60–80 ms
+of compiling, the same source into the same code every time. (``attrs``, for Trio's
+classes, compiles too, ~12 ms, but half its sources differ from run to run: they embed
+a string's hash, which Python seeds afresh in each process. It is left alone.)
+
+This module keeps the code objects, by their exact source (and file name), in a cache
+file as Python keeps a module's bytecode in ``__pycache__``: one file per interpreter
+(its cache tag and bytecode magic number in the name), under ``$XDG_CACHE_HOME/harness``
+(``~/.cache/harness``). A source found there is not compiled again; one not found is
+compiled exactly as the library would have compiled it (same file name, the
+``__future__`` flags of the calling code, which the builtin inherits) and the file is
+written again at exit. The classes are the libraries' own, built by their own code:
+only ``compile`` is skipped. (A machine-wide cache, not ``$HARNESS_HOME``: like
+bytecode, it belongs to the interpreter, and is the same for every home.)
+
+It works by giving ``dataclasses`` a module-level ``exec`` of its own, which it finds
+before the builtin. Installed by the command
+line only (``harness.cli``), like ``harness.lean_imports``. A file that cannot be read
+or holds something else is ignored; one that cannot be written is not an error. The
+file is trusted as ``__pycache__`` is: it is the user's own, in a directory only they
+can enter (0700), and whoever can write there can already run code as them.
+"""
+
+from __future__ import annotations
+import __future__
+
+import atexit
+import builtins
+import contextlib
+import hashlib
+import importlib.util
+import marshal
+import os
+import struct
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+# Entries kept at most: every dataclass of every command and Python tool is a handful of
+# methods; far past that, the file starts afresh instead of growing.
+MAX_ENTRIES = 20_000
+# The file: this tag, the index's size, the index (marshal: digest → (offset, size), the
+# offset from the end of the index), the blobs (each one code object, marshalled). Only
+# the index is read at start; a code object is read (``pread``) when its class is made,
+# so a process never holds more code than it uses, nor all of it at once.
+_TAG = b"harness-generated-code-1\n"
+_SIZE = struct.Struct("<Q")
+
+# By the digest of (flags, file name, source): a 16-byte key instead of the source.
+_index: dict[bytes, tuple[int, int]] = {}  # absolute offsets in the open file
+_fd: int | None = None
+# What this process compiled itself, added to the file at exit.
+_new: dict[bytes, types.CodeType] = {}
+_path: Path | None = None
+
+
+def cache_path() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    tag = sys.implementation.cache_tag or sys.implementation.name
+    return Path(base) / "harness" / f"generated-code-{tag}-{importlib.util.MAGIC_NUMBER.hex()}"
+
+
+def install() -> None:
+    """Open the cache and give ``dataclasses`` its ``exec``."""
+    global _path, _fd
+    if _path is not None:
+        return
+    try:
+        _path = cache_path()
+    except (RuntimeError, KeyError):  # no home directory to keep a cache in: compile
+        return
+    opened = _open(_path)
+    if opened is not None:
+        _fd, index = opened
+        _index.update(index)
+    import dataclasses
+
+    if "exec" not in vars(dataclasses):
+        dataclasses.exec = _Exec(dataclasses)  # type: ignore[attr-defined]
+    atexit.register(save)
+
+
+def _open(path: Path) -> tuple[int, dict[bytes, tuple[int, int]]] | None:
+    """The file's descriptor and index, or None when it is missing or not one of ours."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        # Code is run from it: only a file of this user's that no one else may write.
+        if info.st_uid != os.getuid() or info.st_mode & 0o022:
+            raise ValueError("not this user's own file")
+        head = os.pread(fd, len(_TAG) + _SIZE.size, 0)
+        if len(head) == len(_TAG) + _SIZE.size and head.startswith(_TAG):
+            (size,) = _SIZE.unpack_from(head, len(_TAG))
+            index = marshal.loads(os.pread(fd, size, len(head)))
+            if isinstance(index, dict) and all(
+                isinstance(key, bytes) and _is_span(span) for key, span in index.items()
+            ):
+                base = len(head) + size
+                return fd, {key: (base + at, length) for key, (at, length) in index.items()}
+    except (OSError, ValueError, EOFError, TypeError, OverflowError):
+        pass
+    os.close(fd)
+    return None
+
+
+def _is_span(span: object) -> bool:
+    return (
+        isinstance(span, tuple)
+        and len(span) == 2
+        and all(isinstance(n, int) and n >= 0 for n in span)
+    )
+
+
+def _cached(key: bytes) -> types.CodeType | None:
+    span = _index.get(key)
+    if span is None or _fd is None:
+        return None
+    try:
+        code = marshal.loads(os.pread(_fd, span[1], span[0]))
+    except (OSError, ValueError, EOFError, TypeError):
+        return None
+    return code if isinstance(code, types.CodeType) else None
+
+
+def _blobs(path: Path) -> dict[bytes, bytes]:
+    """Every entry of the file as it is now on disk (others may have added some)."""
+    opened = _open(path)
+    if opened is None:
+        return {}
+    fd, index = opened
+    try:
+        return {key: os.pread(fd, size, offset) for key, (offset, size) in index.items()}
+    except OSError:
+        return {}
+    finally:
+        os.close(fd)
+
+
+def save() -> None:
+    """Add what this process compiled to the file (atomically, 0600); run at exit."""
+    if _path is None or not _new:
+        return
+    from harness.private import open_private, private_dir
+
+    blobs = _blobs(_path)
+    if len(blobs) + len(_new) > MAX_ENTRIES:
+        blobs = {}
+    blobs.update((key, marshal.dumps(code)) for key, code in _new.items())
+    _new.clear()
+    index: dict[bytes, tuple[int, int]] = {}
+    offset = 0
+    for key, blob in blobs.items():
+        index[key] = (offset, len(blob))
+        offset += len(blob)
+    packed = marshal.dumps(index)
+    temporary = _path.with_name(f".{_path.name}.{os.getpid()}")
+    try:
+        private_dir(_path.parent)
+        with open_private(temporary, "wb") as out:
+            out.write(_TAG + _SIZE.pack(len(packed)) + packed)
+            out.writelines(blobs.values())
+        os.replace(temporary, _path)
+    except (OSError, ValueError):
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+
+
+# The compiler flags a ``from __future__`` import sets, which ``compile`` and ``exec``
+# inherit from the code that calls them.
+_FUTURE_FLAGS = 0
+for _name in __future__.all_feature_names:
+    _FUTURE_FLAGS |= int(getattr(__future__, _name).compiler_flag)
+
+
+def _callers_flags() -> int:
+    """The ``__future__`` flags the builtin would have inherited from our caller's code."""
+    return sys._getframe(2).f_code.co_flags & _FUTURE_FLAGS
+
+
+def _compiled(source: str, filename: str, flags: int) -> types.CodeType:
+    text = f"{flags}\0{filename}\0{source}"
+    key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+    code = _cached(key)
+    if code is None:
+        code = builtins.compile(source, filename, "exec", flags=flags, dont_inherit=True)
+        _new[key] = code  # missing, or unreadable: the file gets it (again) at exit
+    return code
+
+
+class _Exec:
+    """``exec`` for ``dataclasses``: a source string runs from its cached code."""
+
+    def __init__(self, module: types.ModuleType) -> None:
+        self._globals = vars(module)  # what the builtin would take for globals=None
+
+    def __call__(self, source: Any, globals: Any = None, locals: Any = None) -> None:
+        if isinstance(source, str):
+            source = _compiled(source, "<string>", _callers_flags())
+        builtins.exec(source, self._globals if globals is None else globals, locals)

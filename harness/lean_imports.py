@@ -1,0 +1,201 @@
+"""harness's processes start without what its libraries import only for other programs.
+
+Installed by the command line (``harness.cli.main``) before any command runs; a program
+that embeds harness keeps its libraries as they are. Measured on a ``harness run``
+(issue 14), these are imports no harness process ever uses:
+
+- *structlog* renders tracebacks with ``rich`` (or ``better_exceptions``) and colours
+  with ``colorama`` when they are installed; ``rich`` is, for ``harness chat``. harness
+  formats exceptions itself (``format_exc_info``) and never colours a log line, yet
+  ``structlog.dev`` imported ``rich.traceback`` and with it ``pygments``' lexers: about
+  4 MB and 60 modules. structlog already falls back to plain tracebacks when they are
+  missing, so while structlog loads they are missing.
+- *httpx* imports its command-line client (``httpx._main``) whenever ``click`` is
+  installed (it is, for the MCP SDK): ``click``, ``rich``, ``pygments``. Its package
+  falls back to a stub ``main`` without them; harness never calls it.
+- *structlog* imports ``asyncio`` (29 modules) for its ``async`` logging methods, which
+  harness (a Trio program) never calls, and so do the ``mistralai`` SDK's utilities (for
+  its client's retries and threads; harness uses only its models). While they load,
+  ``asyncio`` is a stand-in that imports the real package on first use, so those
+  functions would still work.
+- *ssl* (OpenSSL's TLS state: 2.2 MB, ~10 ms) is imported at module level by Trio,
+  httpcore, ``http.client`` and ``urllib.request``, which use it only to make or check
+  a TLS connection. A run that never speaks TLS (the scripted model, a local
+  ``http://`` server) never needs it; one that does imports it on its first use.
+- *pydantic* looks for plugins (an ``importlib.metadata`` scan of every installed
+  distribution's entry points, 16 more modules) when it builds its first model. harness's
+  processes run without pydantic plugins, as ``PYDANTIC_DISABLE_PLUGINS=__all__`` would
+  have it, without setting that variable for the commands they run.
+
+And the methods ``dataclasses`` generates for each class come compiled from a cache
+(``harness.generated_code``).
+
+Each is done only when the module is not loaded yet, and only while its library loads;
+anything imported afterwards (``rich`` by ``harness chat``, ``asyncio`` by the MCP SDK,
+``ssl`` by the first TLS connection) loads as usual. Another thread importing a
+stood-in module meanwhile gets the stand-in, which works; the hidden ones (``rich``,
+``click``…) no harness thread imports.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+import typing
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from importlib.machinery import ModuleSpec
+from typing import TYPE_CHECKING, Any, cast
+
+from harness import generated_code
+
+if TYPE_CHECKING:
+    from importlib.abc import Loader  # importlib.abc itself loads importlib.resources
+
+# A library → the optional modules it must not find while its package body runs.
+HIDDEN = {
+    "structlog": ("rich", "better_exceptions", "colorama"),
+    "httpx": ("click", "rich", "pygments"),
+}
+# A library → the modules it gets as stand-ins that import the real one on first use.
+DEFERRED = {
+    "structlog": ("asyncio",),
+    "mistralai.client.utils": ("asyncio",),
+    "trio": ("ssl",),
+    "httpcore": ("ssl",),
+    "http.client": ("ssl",),
+    "urllib.request": ("ssl",),
+}
+# What a deferred module's importers name in annotations evaluated as they load
+# (httpcore/_ssl.py has no ``from __future__ import annotations``): meanwhile, forward
+# references; afterwards, asked of the real module like any other name.
+ANNOTATED = {"ssl": ("SSLContext",)}
+# pydantic's plugin loader, replaced by one that finds no plugin.
+PLUGIN_LOADER = "pydantic.plugin._loader"
+
+
+def install() -> None:
+    """Put the finder first on ``sys.meta_path`` (idempotent); it leaves when done."""
+    generated_code.install()
+    if any(isinstance(finder, _LeanFinder) for finder in sys.meta_path):
+        return
+    waiting = {name for name in (*HIDDEN, *DEFERRED, PLUGIN_LOADER) if name not in sys.modules}
+    if waiting:
+        sys.meta_path.insert(0, _LeanFinder(waiting))
+
+
+class _LeanFinder:
+    """Finds nothing itself: wraps the real loader of the few modules named above."""
+
+    def __init__(self, waiting: set[str]) -> None:
+        self._waiting = waiting
+
+    def find_spec(
+        self, name: str, path: Sequence[str] | None = None, target: types.ModuleType | None = None
+    ) -> ModuleSpec | None:
+        if name not in self._waiting:
+            return None
+        self._waiting.discard(name)
+        if not self._waiting:
+            sys.meta_path.remove(self)
+        if name == PLUGIN_LOADER:
+            return ModuleSpec(name, cast("Loader", _NoPlugins()))
+        spec = self._real_spec(name, path, target)
+        if spec is not None and spec.loader is not None:
+            trimmed = _Trimmed(spec.loader, HIDDEN.get(name, ()), DEFERRED.get(name, ()))
+            spec.loader = cast("Loader", trimmed)
+        return spec
+
+    def _real_spec(
+        self, name: str, path: Sequence[str] | None, target: types.ModuleType | None
+    ) -> ModuleSpec | None:
+        for finder in list(sys.meta_path):
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec: ModuleSpec | None = find(name, path, target)
+            if spec is not None:
+                return spec
+        return None
+
+
+class _Trimmed:
+    """The library's own loader, run with some modules hidden or stood in for."""
+
+    def __init__(self, loader: Any, hidden: Sequence[str], deferred: Sequence[str]) -> None:
+        self._loader = loader
+        self._hidden = hidden
+        self._deferred = deferred
+
+    def create_module(self, spec: ModuleSpec) -> types.ModuleType | None:
+        module: types.ModuleType | None = self._loader.create_module(spec)
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        # The module keeps its real loader (source look-ups, reloads, importlib.resources).
+        module.__loader__ = self._loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._loader
+        with ExitStack() as stack:
+            for name in self._hidden:
+                stack.enter_context(_hidden(name))
+            for name in self._deferred:
+                stack.enter_context(_stand_in(name))
+            self._loader.exec_module(module)
+
+
+@contextmanager
+def _hidden(name: str) -> Iterator[None]:
+    """``import name`` raises ImportError in this block, unless it is already loaded."""
+    if name in sys.modules:
+        yield
+        return
+    sys.modules[name] = None  # type: ignore[assignment]  # the import system's "absent"
+    try:
+        yield
+    finally:
+        if name in sys.modules and sys.modules[name] is None:
+            del sys.modules[name]
+
+
+class _Deferred(types.ModuleType):
+    """Stands in for a module not imported yet: any attribute asked imports the real one."""
+
+    def __getattr__(self, attribute: str) -> Any:
+        name = self.__name__
+        if sys.modules.get(name) is self:
+            del sys.modules[name]
+        return getattr(importlib.import_module(name), attribute)
+
+
+@contextmanager
+def _stand_in(name: str) -> Iterator[None]:
+    if name in sys.modules:
+        yield
+        return
+    stand_in = _Deferred(name)
+    annotated = ANNOTATED.get(name, ())
+    for attribute in annotated:
+        setattr(stand_in, attribute, typing.ForwardRef(f"{name}.{attribute}"))
+    sys.modules[name] = stand_in
+    try:
+        yield
+    finally:
+        for attribute in annotated:
+            vars(stand_in).pop(attribute, None)
+        if sys.modules.get(name) is stand_in:
+            del sys.modules[name]
+
+
+class _NoPlugins:
+    """The loader of pydantic's plugin loader: a ``get_plugins`` that finds none."""
+
+    def create_module(self, spec: ModuleSpec) -> None:
+        return None
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        def get_plugins() -> tuple[()]:
+            return ()
+
+        module.get_plugins = get_plugins  # type: ignore[attr-defined]

@@ -1,0 +1,143 @@
+"""harness.generated_code: dataclasses' generated methods come from a per-machine cache,
+identical to what dataclasses compiles itself (each case in fresh interpreters)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+# Classes of every kind dataclasses generates code for, and what their methods look like.
+_CLASSES = """
+import dataclasses, json, sys
+from dataclasses import dataclass, field
+
+@dataclass(slots=True, frozen=True)
+class Frozen:
+    name: str
+    count: int = 0
+    tags: tuple[str, ...] = ()
+
+@dataclass(order=True, kw_only=True)
+class Ordered:
+    rank: int
+    items: list[int] = field(default_factory=list)
+
+@dataclass(eq=False, repr=False)
+class Plain:
+    value: object = None
+
+def consts(code):
+    return [consts(c) if hasattr(c, "co_code") else repr(c) for c in code.co_consts]
+
+def fingerprint(cls):
+    # Every generated method's code, as the interpreter sees it.
+    out = {}
+    for name, member in sorted(vars(cls).items()):
+        code = getattr(member, "__code__", None)
+        if code is not None:
+            out[name] = [code.co_code.hex(), consts(code), code.co_names,
+                         code.co_varnames, code.co_filename, code.co_flags,
+                         repr(getattr(member, "__annotations__", None))]
+    return out
+
+frozen = Frozen("a", 2)
+try:
+    frozen.count = 3
+    refused = False
+except dataclasses.FrozenInstanceError:
+    refused = True
+checks = [
+    repr(frozen), frozen == Frozen("a", 2), hash(frozen) == hash(Frozen("a", 2)), refused,
+    Ordered(rank=1) < Ordered(rank=2), Ordered(rank=1).items, Plain() == Plain(),
+]
+print(json.dumps({
+    "fingerprints": {c.__name__: fingerprint(c) for c in (Frozen, Ordered, Plain)},
+    "checks": checks,
+}))
+"""
+
+_WITH_CACHE = """
+from harness import generated_code
+generated_code.install()
+""" + _CLASSES + """
+import harness.generated_code as g
+print(json.dumps({"compiled": len(g._new)}))
+"""
+
+
+def _run(code: str, cache: Path) -> list[dict[str, object]]:
+    env = dict(os.environ, XDG_CACHE_HOME=str(cache))
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def test_cached_methods_are_the_ones_dataclasses_compiles(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    (reference,) = _run(_CLASSES, cache)  # no cache at all: dataclasses as shipped
+    first, compiled_first = _run(_WITH_CACHE, cache)
+    second, compiled_second = _run(_WITH_CACHE, cache)
+    assert first == reference and second == reference
+    assert reference["checks"] == [
+        "Frozen(name='a', count=2, tags=())", True, True, True, True, [], False
+    ]
+    assert compiled_first["compiled"] > 0  # compiled, then written at exit
+    assert compiled_second["compiled"] == 0  # every method came from the file
+    files = list((cache / "harness").iterdir())
+    assert len(files) == 1 and files[0].name.startswith("generated-code-")
+    assert stat.S_IMODE(files[0].stat().st_mode) == 0o600
+    assert stat.S_IMODE(files[0].parent.stat().st_mode) == 0o700
+
+
+def test_an_unreadable_cache_file_is_compiled_afresh_and_replaced(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    (reference,) = _run(_CLASSES, cache)
+    _run(_WITH_CACHE, cache)
+    (path,) = (cache / "harness").iterdir()
+    whole = path.read_bytes()
+    for junk in (b"", b"\x00garbage", b"\xe3" * 100, whole[:40], whole[: len(whole) // 2]):
+        path.write_bytes(junk)
+        result, compiled = _run(_WITH_CACHE, cache)
+        assert result == reference
+        assert compiled["compiled"] > 0
+    _, compiled = _run(_WITH_CACHE, cache)
+    assert compiled["compiled"] == 0  # the file was written anew
+
+
+def test_a_cache_file_others_may_write_is_not_trusted(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    _run(_WITH_CACHE, cache)
+    (path,) = (cache / "harness").iterdir()
+    path.chmod(0o666)
+    _, compiled = _run(_WITH_CACHE, cache)
+    assert compiled["compiled"] > 0  # compiled, not run from that file
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600  # and written anew, private
+
+
+def test_an_unwritable_cache_directory_is_not_an_error(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.write_text("a file where the directory should be")
+    (reference,) = _run(_CLASSES, cache)
+    result, compiled = _run(_WITH_CACHE, cache)
+    assert result == reference and compiled["compiled"] > 0
+
+
+def test_harness_run_uses_the_cache(tmp_path: Path, project: Path) -> None:
+    from cli_runs import isolated_env, run_harness
+
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([{"text": "ok"}]))
+    cache = tmp_path / "cache"
+    env = isolated_env(tmp_path, XDG_CACHE_HOME=str(cache))
+    run = ["run", "--model", f"scripted:{script}", "--dir", str(project), "hi"]
+    assert run_harness(env, *run).stdout.strip() == "ok"
+    (path,) = (cache / "harness").iterdir()  # written by the first run
+    written = path.stat().st_mtime_ns
+    assert run_harness(env, *run).stdout.strip() == "ok"
+    assert path.stat().st_mtime_ns == written  # the second compiled nothing new

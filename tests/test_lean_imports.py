@@ -1,0 +1,81 @@
+"""harness.lean_imports: the CLI's libraries load without their extras for other programs,
+and still work in full (each case in a fresh interpreter: imports happen once)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+_LEAN = """
+import sys
+from harness import install_lean_imports
+install_lean_imports()
+import structlog, httpx, pydantic
+lean = ("rich", "pygments", "click", "asyncio", "importlib.metadata")
+absent = [m for m in lean if m in sys.modules]
+assert absent == [], absent
+
+class Model(pydantic.BaseModel):  # pydantic builds a model without looking for plugins
+    x: int
+assert Model(x=1).x == 1
+assert "importlib.metadata" not in sys.modules
+assert any(type(f).__name__ == "_LeanFinder" for f in sys.meta_path)  # the SDK's utils to come
+
+# structlog's async helpers reach the real asyncio on first use.
+import structlog.stdlib
+import asyncio
+assert structlog.stdlib.asyncio.get_running_loop is asyncio.get_running_loop
+async def main():
+    return await structlog.stdlib.get_logger().ainfo("async log")
+asyncio.run(main())
+
+# The hidden extras import as usual afterwards, and loggers still render exceptions.
+import rich.console
+renderer = structlog.dev.ConsoleRenderer(colors=False)
+try:
+    raise ValueError("boom")
+except ValueError:
+    line = renderer(None, "error", {"event": "failed", "exc_info": sys.exc_info()})
+assert "ValueError: boom" in line and "Traceback" in line, line
+print("ok")
+"""
+
+_SDK = """
+import sys
+from harness import install_lean_imports
+install_lean_imports()
+import harness.providers.mistral as ours
+import structlog, trio, httpcore, http.client, urllib.request  # what else the finder awaits
+assert "asyncio" not in sys.modules
+utils = sys.modules["mistralai.client.utils"]
+import asyncio
+assert utils.asyncio.to_thread is asyncio.to_thread
+from mistralai.client import Mistral  # the whole SDK still loads and builds a client
+assert Mistral(api_key="x").chat is not None
+assert not any(type(f).__name__ == "_LeanFinder" for f in sys.meta_path)  # all done: it left
+print("ok")
+"""
+
+_ALREADY_LOADED = """
+import sys
+import rich, asyncio  # a program that loaded them first keeps them as they are
+from harness import install_lean_imports
+install_lean_imports()
+import structlog.dev, structlog.stdlib
+assert structlog.dev.rich is rich
+assert structlog.stdlib.asyncio is asyncio
+print("ok")
+"""
+
+
+@pytest.mark.parametrize(
+    "probe", [_LEAN, _SDK, _ALREADY_LOADED], ids=["lean", "sdk", "already-loaded"]
+)
+def test_libraries_load_lean_and_still_work(probe: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "ok"
