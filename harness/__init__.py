@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from harness.acp.agent import SessionFlags, serve_acp
     from harness.actors.mcp_client import probe as probe_mcp_servers
     from harness.actors.permission import no_terminal_hint
-    from harness.agent_files import global_catalog, project_catalog
+    from harness.agent_files import agent_sources, global_catalog, project_catalog
     from harness.agents import UnknownAgentError
     from harness.config import (
         Config,
@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from harness.runtime import Harness, HarnessError, open_harness
     from harness.secrets import RedactingStream, has_secrets, redact
     from harness.server import DaemonRunning, serve
+    from harness.skills import discover as discover_skills
     from harness.snapshots import RevertConflict, RevertResult, SessionBusy, SnapshotError
     from harness.storage.backend import open_ledger
     from harness.storage.ledger import LedgerError
@@ -89,11 +90,13 @@ __all__ = [
     "ToolDefinitionError",
     "TurnResult",
     "UnknownAgentError",
+    "agent_sources",
     "config_from_files",
     "config_overrides",
     "configure_logging",
     "daemon_cannot_apply",
     "default_home",
+    "discover_skills",
     "global_catalog",
     "has_secrets",
     "install_lean_imports",
@@ -132,6 +135,8 @@ _WHERE = {
     "read_project": ("harness.config_files", "read_project"),
     "daemon_cannot_apply": ("harness.config_files", "daemon_cannot_apply"),
     "global_catalog": ("harness.agent_files", "global_catalog"),
+    "agent_sources": ("harness.agent_files", "agent_sources"),
+    "discover_skills": ("harness.skills", "discover"),
     "project_catalog": ("harness.agent_files", "project_catalog"),
     "use_front_matter_store": ("harness.frontmatter", "use_store"),
     "SocketPathError": ("harness.config", "SocketPathError"),

@@ -154,6 +154,18 @@ def project_definitions(directory: Path) -> list[Definition]:
     return [*folder_definitions(folder), *table_definitions(project_path(directory))]
 
 
+def agent_sources(directory: Path) -> dict[str, list[str]]:
+    """Each agent that a file or table defines or changes, with those files lowest layer
+    first (global before project, a folder's file before a table): the order ``apply``
+    lays them over the built-ins. What ``harness config`` shows."""
+    sources: dict[str, list[str]] = {}
+    for definition in [*global_definitions(), *project_definitions(directory)]:
+        layers = sources.setdefault(definition.name, [])
+        if definition.source not in layers:
+            layers.append(definition.source)
+    return dict(sorted(sources.items()))
+
+
 def apply(agent: Agent | None, definition: Definition) -> Agent:
     """``agent`` with the fields ``definition`` sets laid over it."""
     spec, source = definition.spec, definition.source

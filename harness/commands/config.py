@@ -22,13 +22,13 @@ def register(commands: Any) -> None:
 
 
 def _config(args: argparse.Namespace) -> int:
-    from harness import load_settings
+    from harness import agent_sources, load_settings
 
     directory = Path(args.dir).expanduser()
     if not directory.is_dir():
         raise UsageError(f"--dir {args.dir}: no such directory")
     settings = load_settings(directory)
-    agents = _agent_sources(directory)
+    agents = agent_sources(directory.resolve())
     skills, skipped = _skills(directory)
     # Only names of key variables are ever in the files, never a key: nothing to hide.
     if args.json:
@@ -55,25 +55,12 @@ def _config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _agent_sources(directory: Path) -> dict[str, list[str]]:
-    """Each agent that a file or table defines or changes, and those files, lowest first
-    (global before project, a folder's file before a table): the order they are laid on."""
-    from harness.agent_files import global_definitions, project_definitions
-
-    sources: dict[str, list[str]] = {}
-    for definition in [*global_definitions(), *project_definitions(directory.resolve())]:
-        layers = sources.setdefault(definition.name, [])
-        if definition.source not in layers:
-            layers.append(definition.source)
-    return dict(sorted(sources.items()))
-
-
 def _skills(directory: Path) -> tuple[dict[str, str], list[dict[str, str]]]:
     """The skills a session in ``directory`` would list, by name with their SKILL.md, and
     the files skipped with the reason (the ``skill.invalid`` events a session would record)."""
-    from harness.skills import discover
+    from harness import discover_skills
 
-    found, problems = discover(directory.resolve())
+    found, problems = discover_skills(directory.resolve())
     skipped = [{"file": problem.file, "reason": problem.reason} for problem in problems]
     return {skill.name: skill.file for skill in found}, skipped
 
