@@ -128,6 +128,86 @@ def _lock_key(schema: str, purpose: str) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
+# Projection upserts whose conflict target is their first value (the row's id): a run of
+# them is sent as one multi-row INSERT, split where an id repeats (PostgreSQL refuses to
+# update one row twice in one statement).
+_MULTI_ROW = ("INSERT INTO sessions(", "INSERT INTO messages(", "INSERT INTO parts(")
+_MULTI_SQL: dict[tuple[str, int], str] = {}
+_EVENT_INSERT = "INSERT INTO events(seq, ts, session_id, type, data) VALUES (?, ?, ?, ?, ?)"
+
+
+def _multi_row(sql: str, rows: int) -> str:
+    """``sql`` (one ``VALUES (?, ...)``) with ``rows`` rows of values, in ``%s`` style."""
+    converted = _MULTI_SQL.get((sql, rows))
+    if converted is None:
+        head, _, rest = sql.partition(" VALUES (")
+        values, _, tail = rest.partition(")")
+        row = f"({values})"
+        converted = _MULTI_SQL[(sql, rows)] = _pg(
+            f"{head} VALUES {', '.join([row] * rows)}{tail}"
+        )
+    return converted
+
+
+def _result_sets(cursor: psycopg.ClientCursor[tuple[Any, ...]]) -> list[list[tuple[Any, ...]]]:
+    """Every statement's rows of a multi-statement query, in order ([] for a command)."""
+    sets: list[list[tuple[Any, ...]]] = []
+    while True:
+        sets.append(cursor.fetchall() if cursor.description is not None else [])
+        if not cursor.nextset():
+            return sets
+
+
+class _Statements:
+    """A transaction's writes, in order, as one SQL text and its values.
+
+    Sent in one simple query (``ClientCursor``: values quoted by psycopg, on the client),
+    so a whole batch is one call and one round trip. A step's batch holds runs of the
+    same statement (a part upserted, then another): a run of upserts by id becomes one
+    multi-row INSERT. Order is kept across runs and within one, so two writes to one row
+    land as they were made.
+    """
+
+    __slots__ = ("_run", "_run_sql", "_sql", "values")
+
+    def __init__(self) -> None:
+        self._sql: list[str] = []
+        self.values: list[Any] = []
+        self._run_sql = ""  # the statement of the pending run of upserts by id
+        self._run: list[tuple[Any, ...]] = []
+
+    def execute(self, sql: str, args: tuple[Any, ...]) -> None:
+        """A projection's write (``?`` placeholders)."""
+        if sql.startswith(_MULTI_ROW):
+            # A row is updated once per statement: an id that repeats starts a new one.
+            if sql != self._run_sql or any(args[0] == row[0] for row in self._run):
+                self._end_run()
+                self._run_sql = sql
+            self._run.append(args)
+            return
+        self.add(sql, args)
+
+    def add(self, sql: str, args: Sequence[Any]) -> None:
+        self._end_run()
+        self._sql.append(_pg(sql))
+        self.values.extend(args)
+
+    def add_rows(self, sql: str, rows: Sequence[tuple[Any, ...]]) -> None:
+        self._end_run()
+        self._sql.append(_multi_row(sql, len(rows)))
+        self.values.extend(value for row in rows for value in row)
+
+    def text(self) -> str:
+        self._end_run()
+        return "; ".join(self._sql)
+
+    def _end_run(self) -> None:
+        if self._run:
+            rows, self._run = self._run, []
+            self._sql.append(_multi_row(self._run_sql, len(rows)))
+            self.values.extend(value for row in rows for value in row)
+
+
 class PostgresLedger(LedgerPort):
     """The PostgreSQL backend: a ledger any number of daemons share."""
 
@@ -329,86 +409,92 @@ class PostgresLedger(LedgerPort):
         batch: list[WriteEvents],
         attempt: _Attempt,
     ) -> list[list[Event] | LedgerFenced]:
+        """Append a batch in two calls and two round trips, whatever its size.
+
+        The first sends BEGIN, the advisory lock, the fence check, the blobs already
+        stored and ``max(seq)``, each a statement of its own (so ``max`` is read once
+        the lock is held); the second, every insert, the projections, the NOTIFY and the
+        COMMIT. One call per statement cost the writer ~50 µs of CPU each, a dozen a
+        step, and a worker thread must win the GIL back from the event loop at each
+        round trip.
+        """
+        import psycopg
+
         now = time.time()
         out = attempt.result
-
-        def execute(sql: str, args: tuple[Any, ...]) -> object:
-            return conn.execute(_pg(sql), args)
-
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (self._append_key,))
-            refused = self._fenced(conn, batch)
-            digests = [digest for request in batch for digest, _ in request.blobs]
-            known: set[str] = set()
+        fences = sorted({request.fence[0] for request in batch if request.fence is not None})
+        digests = [digest for request in batch for digest, _ in request.blobs]
+        cursor = psycopg.ClientCursor(conn)
+        try:
+            head = _Statements()
+            head.add("BEGIN", ())
+            head.add("SELECT pg_advisory_xact_lock(?)", (self._append_key,))
+            if fences:
+                # Share-locked until the commit: a claim cannot slip in between this
+                # check and the append (it skips a locked row and tries again later).
+                head.add(
+                    "SELECT session_id, owner, epoch FROM leases"
+                    " WHERE session_id = ANY(?) FOR SHARE",
+                    (fences,),
+                )
             if digests:
-                known = {
-                    row[0]
-                    for row in conn.execute(
-                        "SELECT hash FROM blobs WHERE hash = ANY(%s)", (digests,)
-                    ).fetchall()
-                }
-            row = conn.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()
-            seq = int(row[0]) if row else 0
-            with conn.pipeline():
-                for request in batch:
-                    if request.fence is not None and request.fence[0] in refused:
+                head.add("SELECT hash FROM blobs WHERE hash = ANY(?)", (digests,))
+            head.add("SELECT coalesce(max(seq), 0) FROM events", ())
+            cursor.execute(head.text(), head.values)
+            results = _result_sets(cursor)
+            seq = int(results[-1][0][0])
+            current = {row[0]: (row[1], int(row[2])) for row in results[2]} if fences else {}
+            known = {row[0] for row in results[-2]} if digests else set()
+            rows: list[tuple[Any, ...]] = []
+            writes = _Statements()
+            for request in batch:
+                if request.fence is not None:
+                    session_id, epoch = request.fence
+                    if current.get(session_id, (self.owner, epoch)) != (self.owner, epoch):
                         out.append(
                             LedgerFenced(
-                                f"session {request.fence[0]}: its lease (epoch "
-                                f"{request.fence[1]}) was taken by another daemon"
+                                f"session {session_id}: its lease (epoch "
+                                f"{epoch}) was taken by another daemon"
                             )
                         )
                         continue
-                    for digest, data in request.blobs:
-                        if digest not in known:
-                            known.add(digest)
-                            conn.execute(
-                                "INSERT INTO blobs(hash, size, data) VALUES (%s, %s, %s)"
-                                " ON CONFLICT DO NOTHING",
-                                (digest, len(data), zlib.compress(data, 1)),
-                            )
-                    events: list[Event] = []
-                    for new in request.events:
-                        stored, text = stored_text(new.data)
-                        seq += 1
-                        if attempt.first is None:
-                            attempt.first = (seq, now, new.session_id, new.type)
-                        conn.execute(
-                            "INSERT INTO events(seq, ts, session_id, type, data)"
-                            " VALUES (%s, %s, %s, %s, %s)",
-                            (seq, now, new.session_id, new.type, text),
+                for digest, data in request.blobs:
+                    if digest not in known:
+                        known.add(digest)
+                        writes.add(
+                            "INSERT INTO blobs(hash, size, data) VALUES (?, ?, ?)"
+                            " ON CONFLICT DO NOTHING",
+                            (digest, len(data), zlib.compress(data, 1)),
                         )
-                        project = PROJECTIONS.get(new.type)
-                        if project is not None:
-                            project(execute, seq, stored, text)
-                        events.append(Event(seq, now, new.type, new.session_id, stored))
-                    out.append(events)
-                if attempt.first is not None:
-                    # Delivered by the server at commit: a wake-up for every daemon's tail.
-                    conn.execute("SELECT pg_notify(%s, %s)", (self.channel, str(seq)))
+                events: list[Event] = []
+                for new in request.events:
+                    stored, text = stored_text(new.data)
+                    seq += 1
+                    rows.append((seq, now, new.session_id, new.type, text))
+                    project = PROJECTIONS.get(new.type)
+                    if project is not None:
+                        project(writes.execute, seq, stored, text)
+                    events.append(Event(seq, now, new.type, new.session_id, stored))
+                out.append(events)
+            if rows:
+                first = rows[0]
+                attempt.first = (first[0], first[1], first[2], first[3])
+                # One statement for the batch's events (their seqs are distinct).
+                writes.add_rows(_EVENT_INSERT, rows)
+                # Delivered by the server at commit: a wake-up for every daemon's tail.
+                writes.add("SELECT pg_notify(?, ?)", (self.channel, str(seq)))
+            writes.add("COMMIT", ())
+            cursor.execute(writes.text(), writes.values)
+        except BaseException:
+            if not (conn.closed or conn.broken):
+                # A statement failed (the rest of the text was skipped): end the
+                # transaction, so the connection can serve the next batch.
+                with contextlib.suppress(psycopg.Error):
+                    conn.execute("ROLLBACK")
+            raise
+        finally:
+            cursor.close()
         return out
-
-    def _fenced(
-        self, conn: psycopg.Connection[tuple[Any, ...]], batch: list[WriteEvents]
-    ) -> set[str]:
-        """Sessions whose writes in ``batch`` carry an epoch that is no longer theirs.
-
-        The lease rows are share-locked until the commit: a claim cannot slip in between
-        this check and the append (it skips a locked row and tries again later).
-        """
-        fences = {request.fence for request in batch if request.fence is not None}
-        if not fences:
-            return set()
-        rows = conn.execute(
-            "SELECT session_id, owner, epoch FROM leases WHERE session_id = ANY(%s) FOR SHARE",
-            (sorted({session_id for session_id, _ in fences}),),
-        ).fetchall()
-        current = {row[0]: (row[1], int(row[2])) for row in rows}
-        return {
-            session_id
-            for session_id, epoch in fences
-            if current.get(session_id, (self.owner, epoch)) != (self.owner, epoch)
-        }
 
     async def _published(
         self, events: list[Event], feed: trio.MemorySendChannel[FeedMessage] | None
