@@ -9,7 +9,8 @@ Run from the repository root, with a PostgreSQL to use (.ci/run's, or your own):
 For each daemon count: a fresh schema, N ``harness serve --ledger`` processes, S sessions
 created and prompted round-robin over the daemons; every turn is ``--steps`` steps of a
 scripted model that waits ``--latency`` seconds before answering, each step a ``read`` of
-a small file (three in rotation), then a final text. What is measured:
+a small file (three in rotation), then a final text. The prompts are sent from
+``--prompters`` threads (8), round-robin over the daemons. What is measured:
 
 steps/s
     Assistant steps committed per second of wall time, from the first prompt to the last
@@ -44,6 +45,7 @@ import sys
 import tempfile
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -149,8 +151,15 @@ def run(url: str, daemons: int, args: argparse.Namespace, work: Path) -> dict[st
         cpu_before = {p.pid: cpu_seconds(p.pid) for p in processes}
         pg_before = postgres_cpu()
         start = time.time()
-        for index, session in enumerate(sessions):
-            clients[index % daemons].prompt(session, f"go {index}")
+        # Prompted from several threads: one by one, the prompts' own round trips (each
+        # durable before it is answered) paced the run, not the daemons.
+        with ThreadPoolExecutor(args.prompters) as pool:
+            list(
+                pool.map(
+                    lambda pair: clients[pair[0] % daemons].prompt(pair[1], f"go {pair[0]}"),
+                    enumerate(sessions),
+                )
+            )
         killed_at: float | None = None
         victim_cpu = 0.0
         victim_sessions: set[str] = set()
@@ -251,6 +260,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="steps per turn, the text included")
     parser.add_argument("--latency", type=float, default=2.0, help="model latency per step, s")
     parser.add_argument("--lease", type=float, default=10.0, help="lease_seconds")
+    parser.add_argument(
+        "--prompters", type=int, default=8, help="threads sending the prompts (1: one by one)"
+    )
     parser.add_argument("--failover", action="store_true", help="kill -9 one daemon mid-run")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--json", type=Path, help="also write the results here")

@@ -40,9 +40,10 @@ import trio
 
 from harness.messages.events import Event
 from harness.messages.mailbox import FeedMessage, Publish, WriteEvents
+from harness.messages.model import InboxItem, Message, Part
 from harness.storage.ledger import stored_text
 from harness.storage.pg_schema import PG_MIGRATIONS, PG_SCHEMA_VERSION
-from harness.storage.port import LedgerError, LedgerFenced, LedgerPort
+from harness.storage.port import _MESSAGE, _PART, LedgerError, LedgerFenced, LedgerPort
 from harness.storage.projections import PROJECTIONS
 
 if TYPE_CHECKING:
@@ -250,6 +251,14 @@ class PostgresLedger(LedgerPort):
             list[Event] | str | None
         ](1024)
         self._tail_done = trio.Event()
+        # What the feed has shown of inboxes (DESIGN §14: a step checks its session's inbox
+        # for steering, each a round trip): per session, the inbox.added events seen, and
+        # how many had been seen when its inbox was last read empty. Trusted only while
+        # the tail runs, which shows every committed event, this daemon's or another's.
+        self._inbox_added: dict[str, int] = {}
+        self._inbox_read_empty: dict[str, int] = {}
+        self._tailing = False
+        self._tail_read: psycopg.Connection[tuple[Any, ...]] | None = None  # made by the tail
 
     # --- connections ---------------------------------------------------------------------
 
@@ -318,7 +327,7 @@ class PostgresLedger(LedgerPort):
 
     def close(self) -> None:
         self.close_writer()
-        for name in ("_read", "_write", "_control"):
+        for name in ("_read", "_write", "_control", "_tail_read"):
             conn = getattr(self, name, None)
             if conn is not None:
                 conn.close()
@@ -499,6 +508,8 @@ class PostgresLedger(LedgerPort):
     async def _published(
         self, events: list[Event], feed: trio.MemorySendChannel[FeedMessage] | None
     ) -> None:
+        # Before anyone answered runs: a prompt's caller wakes its session at once.
+        self._seen(events)
         # In seq order with the other daemons' events: the tail publishes.
         with contextlib.suppress(trio.BrokenResourceError):  # it ended: shutting down
             await self._tail_send.send(events)
@@ -516,6 +527,7 @@ class PostgresLedger(LedgerPort):
         start = self.last_seq()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._tail, feed, start)
+            self._tailing = True
             nursery.start_soon(self._listen)
             nursery.start_soon(self._keep_leases)
             try:
@@ -551,6 +563,7 @@ class PostgresLedger(LedgerPort):
                     if item == _END:
                         return
         finally:
+            self._tailing = False
             self._tail_done.set()
 
     async def _catch_up(
@@ -558,7 +571,7 @@ class PostgresLedger(LedgerPort):
     ) -> int:
         while True:
             try:
-                events = self.events_after(cursor, limit=1000)
+                events = await trio.to_thread.run_sync(self._read_log, cursor)
             except LedgerError as error:
                 log.warning("the feed cannot read the ledger", error=str(error))
                 return cursor
@@ -566,6 +579,38 @@ class PostgresLedger(LedgerPort):
                 return cursor
             cursor = events[-1].seq or cursor
             await self._publish(feed, events, foreign=True)
+
+    def _read_log(self, after: int) -> list[Event]:
+        """The events after seq ``after``, decoded, on the tail's own connection.
+
+        In a worker thread: a daemon follows every other daemon's commits, and the event
+        loop must not wait on the database (nor decode) while it does. A dropped
+        connection is made again once.
+        """
+        import psycopg
+
+        def read() -> list[tuple[Any, ...]]:
+            conn = self._tail_read
+            if conn is None or conn.closed or conn.broken:
+                conn = self._tail_read = self._connect_raw()
+            return conn.execute(
+                "SELECT seq, ts, type, session_id, data FROM events WHERE seq > %s"
+                " ORDER BY seq LIMIT 1000",
+                (after,),
+            ).fetchall()
+
+        try:
+            try:
+                rows = read()
+            except psycopg.OperationalError:
+                if self._tail_read is not None and not self._tail_read.broken:
+                    raise
+                rows = read()
+        except psycopg.OperationalError as error:
+            raise LedgerError(
+                f"the ledger database {self.where} cannot be read: {_first_line(error)}"
+            ) from None
+        return [Event(r[0], r[1], r[2], r[3], json.loads(r[4])) for r in rows]
 
     async def _publish(
         self,
@@ -577,6 +622,8 @@ class PostgresLedger(LedgerPort):
         if feed is not None:
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                 await feed.send(Publish(events))
+        if foreign:
+            self._seen(events)  # before the wakes below, which read the inbox
         if foreign and self.hooks is not None:
             for event in events:
                 if event.type == "inbox.added":
@@ -627,6 +674,49 @@ class PostgresLedger(LedgerPort):
         # WouldBlock: the tail has wake-ups queued already; Broken: it ended (shutdown).
         with contextlib.suppress(trio.WouldBlock, trio.BrokenResourceError):
             self._tail_send.send_nowait(None)
+
+    def _seen(self, events: list[Event]) -> None:
+        for event in events:
+            if event.type == "inbox.added":
+                session_id = event.session_id
+                self._inbox_added[session_id] = self._inbox_added.get(session_id, 0) + 1
+
+    def inbox(self, session_id: str) -> list[InboxItem]:
+        """The session's queued input; no round trip when it was read empty and the feed
+        has shown no input for it since.
+
+        Input is only ever added by an ``inbox.added`` event, and the tail shows each
+        committed one (this daemon's as it commits, before its writer is answered;
+        another daemon's when the tail reads it, before the wake it sends). So input
+        sent through another daemon is seen here when its wake arrives, as before.
+        """
+        added = self._inbox_added.get(session_id, 0)
+        if self._tailing and self._inbox_read_empty.get(session_id) == added:
+            return []
+        items = LedgerPort.inbox(self, session_id)
+        if items:
+            self._inbox_read_empty.pop(session_id, None)
+        else:
+            self._inbox_read_empty[session_id] = added  # counted before the read
+        return items
+
+    def changes(self, session_id: str, after_seq: int) -> tuple[list[Message], list[Part], int]:
+        """As ``LedgerPort.changes``, in one round trip instead of two (once a step)."""
+        mark = after_seq
+        messages: list[Message] = []
+        parts: list[Part] = []
+        for kind, seq, _, data in self._rows(
+            "SELECT 0, seq, created_seq, data FROM messages WHERE session_id = ? AND seq > ?"
+            " UNION ALL SELECT 1, seq, seq, data FROM parts WHERE session_id = ? AND seq > ?"
+            " ORDER BY 1, 3",
+            (session_id, after_seq, session_id, after_seq),
+        ):
+            if kind == 0:
+                messages.append(_MESSAGE.validate_json(data))
+            else:
+                parts.append(_PART.validate_json(data))
+            mark = max(mark, seq)
+        return messages, parts, mark
 
     def open_asks(self, session_id: str | None = None) -> list[dict[str, Any]]:
         """Asks of turns in flight, neither replied to nor decided (on whichever daemon)."""
@@ -680,32 +770,33 @@ class PostgresLedger(LedgerPort):
         return epoch
 
     def _claim_sync(self, session_id: str) -> tuple[int, str | None] | None:
+        """One round trip: the row made if missing, then taken if free, in one implicit
+        transaction (a simple query of two statements); five round trips before, each
+        a wait on the control connection that every claim of this daemon shares."""
         import psycopg
 
         def work(conn: psycopg.Connection[tuple[Any, ...]]) -> tuple[int, str | None] | None:
-            with conn.transaction():
-                conn.execute(
+            with psycopg.ClientCursor(conn) as cursor:
+                cursor.execute(
                     "INSERT INTO leases(session_id, owner, epoch, expires) VALUES (%s, '', 0, 0)"
-                    " ON CONFLICT DO NOTHING",
-                    (session_id,),
-                )
-                row = conn.execute(
-                    "SELECT owner, epoch, expires, extract(epoch FROM clock_timestamp())::float8"
-                    " FROM leases WHERE session_id = %s FOR UPDATE SKIP LOCKED",
-                    (session_id,),
-                ).fetchone()
-                if row is None:
-                    return None  # being claimed or written right now: held
-                owner, epoch, expires, now = str(row[0]), int(row[1]), float(row[2]), float(row[3])
-                if owner != self.owner and expires > now:
-                    return None
-                if owner != self.owner:
-                    epoch += 1
-                conn.execute(
-                    "UPDATE leases SET owner = %s, epoch = %s, expires = %s WHERE session_id = %s",
-                    (self.owner, epoch, now + self.lease_seconds, session_id),
-                )
-                return epoch, (owner or None) if owner != self.owner else None
+                    " ON CONFLICT DO NOTHING;"
+                    # A row locked (being claimed, or share-locked by an append): held.
+                    " WITH old AS (SELECT session_id, owner, epoch FROM leases"
+                    " WHERE session_id = %s FOR UPDATE SKIP LOCKED)"
+                    " UPDATE leases l SET owner = %s,"
+                    " epoch = CASE WHEN old.owner = %s THEN old.epoch ELSE old.epoch + 1 END,"
+                    " expires = extract(epoch FROM clock_timestamp()) + %s"
+                    " FROM old WHERE l.session_id = old.session_id"
+                    " AND (old.owner = %s OR l.expires <= extract(epoch FROM clock_timestamp()))"
+                    " RETURNING l.epoch, old.owner",
+                    (session_id, session_id, self.owner, self.owner, self.lease_seconds,
+                     self.owner),
+                )  # fmt: skip
+                rows = _result_sets(cursor)[-1]
+            if not rows:
+                return None  # another daemon's lease has not lapsed, or the row is busy
+            epoch, owner = int(rows[0][0]), str(rows[0][1])
+            return epoch, (owner or None) if owner != self.owner else None
 
         try:
             return self._retrying("_control", work)
