@@ -254,3 +254,33 @@ async def test_without_a_running_tail_every_inbox_read_asks_the_database(
         assert [i.id for i in reader.inbox("ses_a")] == ["msg_1"]
     finally:
         reader.close()
+
+
+async def test_a_tail_behind_reads_the_log_once_for_many_commits_of_another_daemon(
+    postgres_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each commit of another daemon is a NOTIFY; a tail that is behind reads everything
+    committed when it wakes, so the wake-ups queued meanwhile must not each cost a read."""
+    send, receive = trio.open_memory_channel[FeedMessage](10_000)
+    async with daemon(postgres_schema, send) as a, daemon(postgres_schema) as b:
+        reads: list[int] = []
+        real_read = a._read_log
+
+        def slow_read(after: int) -> list[Event]:
+            reads.append(after)
+            time.sleep(0.2)  # a tail behind: busy, or the database slow
+            return real_read(after)
+
+        monkeypatch.setattr(a, "_read_log", slow_read)
+        await b.write([_created("ses_b")])
+        for index in range(20):
+            await b.write([_titled("ses_b", f"t{index}")])  # 20 commits, 20 NOTIFYs
+        events: list[Event] = []
+        with trio.fail_after(20):
+            while len(events) < 21:
+                message = await receive.receive()
+                assert isinstance(message, Publish)
+                events.extend(message.events)
+        assert [e.seq for e in events] == list(range(1, 22))
+        await trio.sleep(2.5)  # what the wake-ups queued meanwhile cost (a poll a second)
+        assert len(reads) <= 6, reads  # one read per wake-up: 12 in 2.5 s, and more

@@ -273,6 +273,7 @@ class PostgresLedger(LedgerPort):
             list[Event] | str | None
         ](1024)
         self._tail_done = trio.Event()
+        self._wake_queued = False
         # What the feed has shown of inboxes (DESIGN §14: a step checks its session's inbox
         # for steering, each a round trip): per session, the inbox.added events seen, and
         # how many had been seen when its inbox was last read empty. Trusted only while
@@ -575,6 +576,8 @@ class PostgresLedger(LedgerPort):
                     item: list[Event] | str | None = None
                     with trio.move_on_after(_POLL_SECONDS):
                         item = await self._tail_receive.receive()
+                    if item is None:
+                        self._wake_queued = False  # taken: commits from now on wake again
                     if isinstance(item, list) and item:
                         last, first = item[-1].seq or 0, item[0].seq or 0
                         if last <= cursor:
@@ -695,9 +698,15 @@ class PostgresLedger(LedgerPort):
                 conn.close()
 
     def _wake_tail(self) -> None:
-        # WouldBlock: the tail has wake-ups queued already; Broken: it ended (shutdown).
+        # One wake-up queued at a time: the tail reads everything committed up to when
+        # it takes it, so more would each cost a read that finds nothing (one for each
+        # commit of another daemon, under load).
+        if self._wake_queued:
+            return
+        # WouldBlock: the tail is busy with this daemon's batches; Broken: it ended.
         with contextlib.suppress(trio.WouldBlock, trio.BrokenResourceError):
             self._tail_send.send_nowait(None)
+            self._wake_queued = True
 
     def _seen(self, events: list[Event]) -> None:
         for event in events:
