@@ -15,7 +15,7 @@ import trio
 from harness.config import Config, ConfigError
 from harness.messages.events import Event, NewEvent
 from harness.messages.mailbox import FeedMessage, Publish
-from harness.messages.model import InboxItem, Session
+from harness.messages.model import Session
 from harness.storage.pg_schema import PG_SCHEMA_VERSION
 from harness.storage.port import ClusterHooks, LedgerError, LedgerFenced
 from harness.storage.postgres import PostgresLedger
@@ -206,54 +206,6 @@ async def test_a_dropped_connection_is_made_again_and_nothing_is_lost(
         assert ledger.session("ses_a").title == "posted after the drop"  # type: ignore[union-attr]
         assert await ledger.claim("ses_a") == 1
         assert [e.seq for e in ledger.events_after(0)] == [1, 2, 3]
-
-
-def _queued(session_id: str, item_id: str) -> NewEvent:
-    item = InboxItem(id=item_id, session_id=session_id, text="go", created=time.time())
-    return NewEvent.of("inbox.added", session_id, item)
-
-
-async def test_an_empty_inbox_is_read_once_until_input_is_added_here_or_elsewhere(
-    postgres_schema: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A step checks its inbox for steering: once read empty, it costs no round trip
-    until the feed shows input for that session, written by this daemon or another."""
-    async with daemon(postgres_schema) as a, daemon(postgres_schema) as b:
-        await a.write([_created("ses_a"), _created("ses_b")])
-        reads: list[str] = []
-        real_rows = a._rows
-
-        def counted(sql: str, args: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
-            reads.append(sql)
-            return real_rows(sql, args)
-
-        monkeypatch.setattr(a, "_rows", counted)
-        assert a.inbox("ses_a") == [] and len(reads) == 1
-        assert a.inbox("ses_a") == [] and a.inbox("ses_a") == []
-        assert len(reads) == 1  # known empty: no round trip
-        await a.write([_queued("ses_a", "msg_1")])  # input through this daemon
-        assert [i.id for i in a.inbox("ses_a")] == ["msg_1"]
-        assert a.inbox("ses_b") == []
-        await b.write([_queued("ses_b", "msg_2")])  # through another daemon
-        with trio.fail_after(10):
-            while not a.inbox("ses_b"):  # seen once a's tail shows it
-                await trio.sleep(0.01)
-        assert [i.id for i in a.inbox("ses_b")] == ["msg_2"]
-
-
-async def test_without_a_running_tail_every_inbox_read_asks_the_database(
-    postgres_schema: str,
-) -> None:
-    """A ledger that does not follow the feed (a CLI read) cannot know of input added
-    elsewhere: it always reads."""
-    reader = PostgresLedger(postgres_schema)
-    try:
-        assert reader.inbox("ses_a") == []
-        async with daemon(postgres_schema) as other:
-            await other.write([_created("ses_a"), _queued("ses_a", "msg_1")])
-        assert [i.id for i in reader.inbox("ses_a")] == ["msg_1"]
-    finally:
-        reader.close()
 
 
 async def test_a_tail_behind_reads_the_log_once_for_many_commits_of_another_daemon(

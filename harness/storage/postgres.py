@@ -40,7 +40,7 @@ import trio
 
 from harness.messages.events import Event
 from harness.messages.mailbox import FeedMessage, Publish, WriteEvents
-from harness.messages.model import InboxItem, Message, Part
+from harness.messages.model import Message, Part
 from harness.storage.ledger import stored_text
 from harness.storage.pg_schema import PG_MIGRATIONS, PG_SCHEMA_VERSION
 from harness.storage.port import _MESSAGE, _PART, LedgerError, LedgerFenced, LedgerPort
@@ -274,13 +274,6 @@ class PostgresLedger(LedgerPort):
         ](1024)
         self._tail_done = trio.Event()
         self._wake_queued = False
-        # What the feed has shown of inboxes (DESIGN §14: a step checks its session's inbox
-        # for steering, each a round trip): per session, the inbox.added events seen, and
-        # how many had been seen when its inbox was last read empty. Trusted only while
-        # the tail runs, which shows every committed event, this daemon's or another's.
-        self._inbox_added: dict[str, int] = {}
-        self._inbox_read_empty: dict[str, int] = {}
-        self._tailing = False
         self._tail_read: psycopg.Connection[tuple[Any, ...]] | None = None  # made by the tail
 
     # --- connections ---------------------------------------------------------------------
@@ -533,8 +526,6 @@ class PostgresLedger(LedgerPort):
     async def _published(
         self, events: list[Event], feed: trio.MemorySendChannel[FeedMessage] | None
     ) -> None:
-        # Before anyone answered runs: a prompt's caller wakes its session at once.
-        self._seen(events)
         # In seq order with the other daemons' events: the tail publishes.
         with contextlib.suppress(trio.BrokenResourceError):  # it ended: shutting down
             await self._tail_send.send(events)
@@ -552,7 +543,6 @@ class PostgresLedger(LedgerPort):
         start = self.last_seq()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._tail, feed, start)
-            self._tailing = True
             nursery.start_soon(self._listen)
             nursery.start_soon(self._keep_leases)
             try:
@@ -590,7 +580,6 @@ class PostgresLedger(LedgerPort):
                     if item == _END:
                         return
         finally:
-            self._tailing = False
             self._tail_done.set()
 
     async def _catch_up(
@@ -649,8 +638,6 @@ class PostgresLedger(LedgerPort):
         if feed is not None:
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                 await feed.send(Publish(events))
-        if foreign:
-            self._seen(events)  # before the wakes below, which read the inbox
         if foreign and self.hooks is not None:
             for event in events:
                 if event.type == "inbox.added":
@@ -707,31 +694,6 @@ class PostgresLedger(LedgerPort):
         with contextlib.suppress(trio.WouldBlock, trio.BrokenResourceError):
             self._tail_send.send_nowait(None)
             self._wake_queued = True
-
-    def _seen(self, events: list[Event]) -> None:
-        for event in events:
-            if event.type == "inbox.added":
-                session_id = event.session_id
-                self._inbox_added[session_id] = self._inbox_added.get(session_id, 0) + 1
-
-    def inbox(self, session_id: str) -> list[InboxItem]:
-        """The session's queued input; no round trip when it was read empty and the feed
-        has shown no input for it since.
-
-        Input is only ever added by an ``inbox.added`` event, and the tail shows each
-        committed one (this daemon's as it commits, before its writer is answered;
-        another daemon's when the tail reads it, before the wake it sends). So input
-        sent through another daemon is seen here when its wake arrives, as before.
-        """
-        added = self._inbox_added.get(session_id, 0)
-        if self._tailing and self._inbox_read_empty.get(session_id) == added:
-            return []
-        items = LedgerPort.inbox(self, session_id)
-        if items:
-            self._inbox_read_empty.pop(session_id, None)
-        else:
-            self._inbox_read_empty[session_id] = added  # counted before the read
-        return items
 
     def changes(self, session_id: str, after_seq: int) -> tuple[list[Message], list[Part], int]:
         """As ``LedgerPort.changes``, in one round trip instead of two (once a step)."""
