@@ -39,6 +39,7 @@ import argparse
 import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -126,7 +127,7 @@ def run(url: str, daemons: int, args: argparse.Namespace, work: Path) -> dict[st
                 HARNESS_SOCKET=str(sockets / f"{index}.sock"),
                 HARNESS_CONFIG=str(config),
                 HARNESS_SANDBOX="off",
-                HARNESS_LOG_LEVEL="warning",
+                HARNESS_LOG_LEVEL=args.log_level,
             )
             log = (work / f"daemon-{daemons}-{index}.log").open("ab")
             processes.append(
@@ -160,6 +161,7 @@ def run(url: str, daemons: int, args: argparse.Namespace, work: Path) -> dict[st
                     enumerate(sessions),
                 )
             )
+        prompted = time.time() - start
         killed_at: float | None = None
         victim_cpu = 0.0
         victim_sessions: set[str] = set()
@@ -184,7 +186,18 @@ def run(url: str, daemons: int, args: argparse.Namespace, work: Path) -> dict[st
                         victim_cpu = cpu_seconds(pid) - cpu_before.pop(pid)
                         victim.send_signal(signal.SIGKILL)
                         killed_at = time.time()
-                assert time.time() - start < args.timeout, f"only {done} turns finished"
+                if time.time() - start > args.timeout:
+                    stuck = conn.execute(
+                        "SELECT s.id, l.owner, l.epoch, l.expires -"
+                        " extract(epoch FROM clock_timestamp()), i.seq FROM sessions s"
+                        " LEFT JOIN leases l ON l.session_id = s.id"
+                        " LEFT JOIN inbox i ON i.session_id = s.id WHERE s.id NOT IN"
+                        " (SELECT session_id FROM events WHERE type = 'turn.finished')"
+                    ).fetchall()
+                    logs = sorted(str(path) for path in work.glob(f"daemon-{daemons}-*.log"))
+                    shutil.copytree(work, Path(tempfile.mkdtemp(prefix="cluster-failed-")),
+                                    dirs_exist_ok=True)  # fmt: skip
+                    raise AssertionError(f"only {done} turns finished; unfinished: {stuck}; {logs}")
                 time.sleep(0.2)
             wall = time.time() - start
             cpu_after = {pid: cpu_seconds(pid) for pid in cpu_before}
@@ -214,6 +227,7 @@ def run(url: str, daemons: int, args: argparse.Namespace, work: Path) -> dict[st
             "sessions": args.sessions,
             "steps": total_steps,
             "wall_s": round(wall, 2),
+            "prompting_s": round(prompted, 2),
             "steps_per_s": round(total_steps / wall, 1),
             "step_overhead_ms_p50": round(percentile(overhead, 0.5), 1),
             "step_overhead_ms_p99": round(percentile(overhead, 0.99), 1),
@@ -265,6 +279,9 @@ def main() -> None:
     )
     parser.add_argument("--failover", action="store_true", help="kill -9 one daemon mid-run")
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument(
+        "--log-level", default="warning", help="the daemons' (kept when a run fails)"
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     if not args.url:

@@ -236,3 +236,24 @@ async def test_a_tail_behind_reads_the_log_once_for_many_commits_of_another_daem
         assert [e.seq for e in events] == list(range(1, 22))
         await trio.sleep(2.5)  # what the wake-ups queued meanwhile cost (a poll a second)
         assert len(reads) <= 6, reads  # one read per wake-up: 12 in 2.5 s, and more
+
+
+async def test_a_claim_on_a_busy_row_answers_the_lease_this_daemon_holds(
+    postgres_schema: str,
+) -> None:
+    """Another daemon's claim locks the lease row while it looks; a claim made here
+    meanwhile skips the row. If this daemon holds the lease (its orphan scan took the
+    session a moment before), that claim must say so: answering "held elsewhere" left a
+    lease renewed here that no actor would ever run (a prompt never answered)."""
+    async with daemon(postgres_schema) as a:
+        await a.write([_created("ses_a")])
+        assert await a.claim("ses_a") == 1
+        with psycopg.connect(postgres_schema, autocommit=True) as other:
+            with other.transaction():
+                other.execute("SELECT * FROM leases WHERE session_id = 'ses_a' FOR UPDATE")
+                assert await a.claim("ses_a") == 1
+            await a.release("ses_a")
+            with other.transaction():
+                other.execute("SELECT * FROM leases WHERE session_id = 'ses_a' FOR UPDATE")
+                assert await a.claim("ses_a") is None  # not held here: busy means no
+        assert await a.claim("ses_a") == 1

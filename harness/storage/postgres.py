@@ -745,9 +745,12 @@ class PostgresLedger(LedgerPort):
             outcome = await trio.to_thread.run_sync(self._claim_sync, session_id)
         except LedgerError as error:
             log.warning("lease claim failed", session_id=session_id, error=str(error))
-            return None
+            outcome = None
         if outcome is None:
-            return None
+            # The row was busy (another daemon's claim has it locked), yet this daemon
+            # may hold the lease: taken over by its orphan scan while this claim ran.
+            # Answering None then would leave a lease renewed here that no actor runs.
+            return self._held.get(session_id)
         epoch, previous = outcome
         self._held[session_id] = epoch
         if previous is not None and previous != self.owner:
