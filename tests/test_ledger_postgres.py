@@ -257,3 +257,50 @@ async def test_a_claim_on_a_busy_row_answers_the_lease_this_daemon_holds(
                 other.execute("SELECT * FROM leases WHERE session_id = 'ses_a' FOR UPDATE")
                 assert await a.claim("ses_a") is None  # not held here: busy means no
         assert await a.claim("ses_a") == 1
+
+
+async def test_a_read_off_the_loop_leaves_it_running_while_the_database_is_slow(
+    postgres_schema: str,
+) -> None:
+    """A step's reads (its changes, its inbox) are round trips to the server: made off
+    the event loop, other sessions' steps go on while one waits. Here the inbox table is
+    locked for 0.5 s by another connection; the loop must keep ticking meanwhile."""
+    import threading
+
+    async with daemon(postgres_schema) as a:
+        await a.write([_created("ses_a")])
+        locked = threading.Event()
+
+        def hold_the_lock() -> None:
+            with (
+                psycopg.connect(postgres_schema, autocommit=True) as other,
+                other.transaction(),
+            ):
+                other.execute("LOCK TABLE inbox IN ACCESS EXCLUSIVE MODE")
+                locked.set()
+                time.sleep(0.5)
+
+        holder = threading.Thread(target=hold_the_lock)
+        holder.start()
+        try:
+            assert locked.wait(10)
+            ticks = 0
+
+            async def tick() -> None:
+                nonlocal ticks
+                while True:
+                    await trio.sleep(0.01)
+                    ticks += 1
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(tick)
+                started = time.monotonic()
+                assert await a.read_off_loop(lambda: a.inbox("ses_a")) == []
+                waited = time.monotonic() - started
+                nursery.cancel_scope.cancel()
+            assert waited >= 0.3  # it did wait for the lock
+            assert ticks >= 10  # ... and the loop ran meanwhile (blocked: 0)
+            changes = await a.read_off_loop(lambda: a.changes("ses_a", 0))
+            assert changes == ([], [], 0)
+        finally:
+            holder.join()
