@@ -126,18 +126,7 @@ class History:
         self._replies = 0  # all messages
 
     def sync(self) -> None:
-        self._apply(*self._ledger.changes(self.session_id, self.mark))
-
-    async def sync_off_loop(self) -> None:
-        """``sync``, its read made where it does not hold up the event loop (a step's)."""
-        mark = self.mark
-        changes = await self._ledger.read_off_loop(
-            lambda: self._ledger.changes(self.session_id, mark)
-        )
-        self._apply(*changes)
-
-    def _apply(self, messages: list[Message], parts: list[Part], mark: int) -> None:
-        self.mark = mark
+        messages, parts, self.mark = self._ledger.changes(self.session_id, self.mark)
         for message in messages:
             entry = self._entries.get(message.id)
             if entry is None:

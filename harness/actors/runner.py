@@ -153,7 +153,7 @@ class Runner:
             await self._take_steered()
             await self._flush()
             await self._refresh_tools()
-            await self._history.sync_off_loop()
+            self._history.sync()
             step = self._history.step_count(user_message_id) + 1
             outcome = await self._advance(user_message_id, step, compacted_at != step)
             if isinstance(outcome, Stop):

@@ -253,8 +253,7 @@ class SessionActor:
 
     async def _take_steered(self) -> None:
         session = self._session()
-        queued = await self._ledger.read_off_loop(lambda: self._ledger.inbox(self.session_id))
-        items = [i for i in queued if i.delivery == "steer"]
+        items = [i for i in self._ledger.inbox(self.session_id) if i.delivery == "steer"]
         if items:
             events: list[NewEvent] = []
             for item in items:

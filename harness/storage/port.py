@@ -24,7 +24,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import structlog
 import trio
@@ -51,7 +51,6 @@ log = structlog.get_logger("harness.ledger")
 _MESSAGE: TypeAdapter[Message] = TypeAdapter(Message)
 _PART: TypeAdapter[Part] = TypeAdapter(Part)
 _MAX_BATCH = 1024
-T = TypeVar("T")
 
 # The lease (session_id, epoch) of the session actor whose task writes: set by the actor
 # when it claims its session, inherited by the tasks it starts (runner, tools, title), and
@@ -279,15 +278,6 @@ class LedgerPort(ABC):
         self._mailbox_send.close()
 
     # --- reading ---------------------------------------------------------------------------
-
-    async def read_off_loop(self, read: Callable[[], T]) -> T:
-        """``read()`` (one or more of the reads below), where it does not hold up the
-        event loop: what a step reads each time goes through here.
-
-        SQLite reads a local file in microseconds: on the loop, as every other read. A
-        shared ledger's reads are round trips to a server; it runs them in a thread.
-        """
-        return read()
 
     def session(self, session_id: str) -> Session | None:
         rows = self._rows("SELECT data FROM sessions WHERE id = ?", (session_id,))

@@ -57,7 +57,6 @@ RECONNECT_SECONDS = 120.0  # how long a commit waits for the database to come ba
 _POLL_SECONDS = 1.0  # the tail reads the log this often even without a NOTIFY
 TAKEOVER_BATCH = 256  # sessions one scan claims at most: the rest go to the next daemon's
 ORPHAN_SCAN_SECONDS = 0.5  # how often a daemon looks for work whose holder stopped renewing
-READERS = 4  # connections (and threads) for the reads a step makes off the event loop
 _PG_SQL: dict[str, str] = {}
 _END = "end"  # what tells the tail that the writer has ended
 
@@ -256,12 +255,6 @@ class PostgresLedger(LedgerPort):
         # Claims, releases and renewals share one connection from several worker threads:
         # one transaction at a time on it.
         self._control_lock = threading.Lock()
-        # Reads made off the event loop (``read_off_loop``): at most READERS at once, each
-        # on a connection of this pool, kept between reads.
-        self._readers = trio.CapacityLimiter(READERS)
-        self._pool: list[psycopg.Connection[tuple[Any, ...]]] = []
-        self._pool_lock = threading.Lock()
-        self._in_thread = threading.local()  # .conn: the pooled connection of this thread
         self._read = self._connect()
         try:
             self.schema = str(self._read.execute("SELECT current_schema()").fetchone()[0])  # type: ignore[index]
@@ -354,10 +347,6 @@ class PostgresLedger(LedgerPort):
             conn = getattr(self, name, None)
             if conn is not None:
                 conn.close()
-        with self._pool_lock:
-            pooled, self._pool = self._pool, []
-        for conn in pooled:
-            conn.close()
 
     def _retrying(self, name: str, work: Callable[[psycopg.Connection[tuple[Any, ...]]], T]) -> T:
         """Run ``work`` on connection ``name``, re-made once if the server dropped it."""
@@ -379,56 +368,11 @@ class PostgresLedger(LedgerPort):
         import psycopg
 
         try:
-            if getattr(self._in_thread, "conn", None) is not None:
-                return self._pooled_rows(_pg(sql), args)
             return self._retrying("_read", lambda conn: conn.execute(_pg(sql), args).fetchall())
         except psycopg.OperationalError as error:
             raise LedgerError(
                 f"the ledger database {self.where} cannot be read: {_first_line(error)}"
             ) from None
-
-    async def read_off_loop(self, read: Callable[[], T]) -> T:
-        """``read()`` in a worker thread, on a connection of a small pool: the event loop
-        runs other sessions' steps meanwhile, instead of waiting on the round trip."""
-        return await trio.to_thread.run_sync(self._read_pooled, read, limiter=self._readers)
-
-    def _read_pooled(self, read: Callable[[], T]) -> T:
-        import psycopg
-
-        with self._pool_lock:
-            conn = self._pool.pop() if self._pool else None
-        if conn is None or conn.closed or conn.broken:
-            try:
-                conn = self._connect_raw()
-            except psycopg.OperationalError as error:
-                raise LedgerError(
-                    f"the ledger database {self.where} cannot be read: {_first_line(error)}"
-                ) from None
-        self._in_thread.conn = conn
-        try:
-            return read()
-        finally:
-            conn = self._in_thread.conn
-            self._in_thread.conn = None
-            if conn.closed or conn.broken:
-                conn.close()
-            else:
-                with self._pool_lock:
-                    self._pool.append(conn)
-
-    def _pooled_rows(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-        """One read on this thread's pooled connection, made again once if it dropped."""
-        import psycopg
-
-        conn: psycopg.Connection[tuple[Any, ...]] = self._in_thread.conn
-        try:
-            return conn.execute(sql, args).fetchall()
-        except psycopg.OperationalError:
-            if not conn.closed and not conn.broken:
-                raise
-        conn.close()
-        conn = self._in_thread.conn = self._connect_raw()
-        return conn.execute(sql, args).fetchall()
 
     # --- writing ---------------------------------------------------------------------------
 
