@@ -257,3 +257,23 @@ async def test_a_claim_on_a_busy_row_answers_the_lease_this_daemon_holds(
                 other.execute("SELECT * FROM leases WHERE session_id = 'ses_a' FOR UPDATE")
                 assert await a.claim("ses_a") is None  # not held here: busy means no
         assert await a.claim("ses_a") == 1
+
+
+async def test_hostile_text_round_trips_through_the_commits_quoted_query(
+    postgres_schema: str,
+) -> None:
+    """A commit is one SQL text with its values quoted into it: whatever a model writes
+    (quotes, backslashes, placeholders, dollar quotes, comments) is stored as written,
+    in one batch of several events and upserts of the same row."""
+    hostile = "it's \\' %s %(x)s $$ $a$ ;-- DROP TABLE events; /* \" é 🎉 \t\n"
+    async with daemon(postgres_schema) as ledger:
+        await ledger.write([_created("ses_a")])
+        ledger.post([_titled("ses_a", hostile)])
+        ledger.post([_titled("ses_a", hostile + "2")])
+        ledger.post([_created("ses_b"), _titled("ses_b", hostile * 50)])
+        await ledger.flush()
+        assert ledger.session("ses_a").title == hostile + "2"  # type: ignore[union-attr]
+        assert ledger.session("ses_b").title == hostile * 50  # type: ignore[union-attr]
+        titles = [e.data.get("title") for e in ledger.events_after(0)]
+        assert titles == ["", hostile, hostile + "2", "", hostile * 50]
+        assert [e.seq for e in ledger.events_after(0)] == [1, 2, 3, 4, 5]
