@@ -9,7 +9,8 @@ Run from the repository root, with a PostgreSQL to use (.ci/run's, or your own):
 For each daemon count: a fresh schema, N ``harness serve --ledger`` processes, S sessions
 created and prompted round-robin over the daemons; every turn is ``--steps`` steps of a
 scripted model that waits ``--latency`` seconds before answering, each step a ``read`` of
-a small file (three in rotation), then a final text. What is measured:
+a small file (three in rotation), then a final text. The prompts are sent from
+``--prompters`` threads (8), round-robin over the daemons. What is measured:
 
 steps/s
     Assistant steps committed per second of wall time, from the first prompt to the last
@@ -38,12 +39,14 @@ import argparse
 import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +127,7 @@ def run(url: str, daemons: int, args: argparse.Namespace, work: Path) -> dict[st
                 HARNESS_SOCKET=str(sockets / f"{index}.sock"),
                 HARNESS_CONFIG=str(config),
                 HARNESS_SANDBOX="off",
-                HARNESS_LOG_LEVEL="warning",
+                HARNESS_LOG_LEVEL=args.log_level,
             )
             log = (work / f"daemon-{daemons}-{index}.log").open("ab")
             processes.append(
@@ -149,8 +152,16 @@ def run(url: str, daemons: int, args: argparse.Namespace, work: Path) -> dict[st
         cpu_before = {p.pid: cpu_seconds(p.pid) for p in processes}
         pg_before = postgres_cpu()
         start = time.time()
-        for index, session in enumerate(sessions):
-            clients[index % daemons].prompt(session, f"go {index}")
+        # Prompted from several threads: one by one, the prompts' own round trips (each
+        # durable before it is answered) paced the run, not the daemons.
+        with ThreadPoolExecutor(args.prompters) as pool:
+            list(
+                pool.map(
+                    lambda pair: clients[pair[0] % daemons].prompt(pair[1], f"go {pair[0]}"),
+                    enumerate(sessions),
+                )
+            )
+        prompted = time.time() - start
         killed_at: float | None = None
         victim_cpu = 0.0
         victim_sessions: set[str] = set()
@@ -175,7 +186,18 @@ def run(url: str, daemons: int, args: argparse.Namespace, work: Path) -> dict[st
                         victim_cpu = cpu_seconds(pid) - cpu_before.pop(pid)
                         victim.send_signal(signal.SIGKILL)
                         killed_at = time.time()
-                assert time.time() - start < args.timeout, f"only {done} turns finished"
+                if time.time() - start > args.timeout:
+                    stuck = conn.execute(
+                        "SELECT s.id, l.owner, l.epoch, l.expires -"
+                        " extract(epoch FROM clock_timestamp()), i.seq FROM sessions s"
+                        " LEFT JOIN leases l ON l.session_id = s.id"
+                        " LEFT JOIN inbox i ON i.session_id = s.id WHERE s.id NOT IN"
+                        " (SELECT session_id FROM events WHERE type = 'turn.finished')"
+                    ).fetchall()
+                    logs = sorted(str(path) for path in work.glob(f"daemon-{daemons}-*.log"))
+                    shutil.copytree(work, Path(tempfile.mkdtemp(prefix="cluster-failed-")),
+                                    dirs_exist_ok=True)  # fmt: skip
+                    raise AssertionError(f"only {done} turns finished; unfinished: {stuck}; {logs}")
                 time.sleep(0.2)
             wall = time.time() - start
             cpu_after = {pid: cpu_seconds(pid) for pid in cpu_before}
@@ -205,6 +227,7 @@ def run(url: str, daemons: int, args: argparse.Namespace, work: Path) -> dict[st
             "sessions": args.sessions,
             "steps": total_steps,
             "wall_s": round(wall, 2),
+            "prompting_s": round(prompted, 2),
             "steps_per_s": round(total_steps / wall, 1),
             "step_overhead_ms_p50": round(percentile(overhead, 0.5), 1),
             "step_overhead_ms_p99": round(percentile(overhead, 0.99), 1),
@@ -251,8 +274,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="steps per turn, the text included")
     parser.add_argument("--latency", type=float, default=2.0, help="model latency per step, s")
     parser.add_argument("--lease", type=float, default=10.0, help="lease_seconds")
+    parser.add_argument(
+        "--prompters", type=int, default=8, help="threads sending the prompts (1: one by one)"
+    )
     parser.add_argument("--failover", action="store_true", help="kill -9 one daemon mid-run")
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument(
+        "--log-level", default="warning", help="the daemons' (kept when a run fails)"
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     if not args.url:

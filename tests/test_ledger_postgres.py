@@ -206,3 +206,74 @@ async def test_a_dropped_connection_is_made_again_and_nothing_is_lost(
         assert ledger.session("ses_a").title == "posted after the drop"  # type: ignore[union-attr]
         assert await ledger.claim("ses_a") == 1
         assert [e.seq for e in ledger.events_after(0)] == [1, 2, 3]
+
+
+async def test_a_tail_behind_reads_the_log_once_for_many_commits_of_another_daemon(
+    postgres_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each commit of another daemon is a NOTIFY; a tail that is behind reads everything
+    committed when it wakes, so the wake-ups queued meanwhile must not each cost a read."""
+    send, receive = trio.open_memory_channel[FeedMessage](10_000)
+    async with daemon(postgres_schema, send) as a, daemon(postgres_schema) as b:
+        reads: list[int] = []
+        real_read = a._read_log
+
+        def slow_read(after: int) -> list[Event]:
+            reads.append(after)
+            time.sleep(0.2)  # a tail behind: busy, or the database slow
+            return real_read(after)
+
+        monkeypatch.setattr(a, "_read_log", slow_read)
+        await b.write([_created("ses_b")])
+        for index in range(20):
+            await b.write([_titled("ses_b", f"t{index}")])  # 20 commits, 20 NOTIFYs
+        events: list[Event] = []
+        with trio.fail_after(20):
+            while len(events) < 21:
+                message = await receive.receive()
+                assert isinstance(message, Publish)
+                events.extend(message.events)
+        assert [e.seq for e in events] == list(range(1, 22))
+        await trio.sleep(2.5)  # what the wake-ups queued meanwhile cost (a poll a second)
+        assert len(reads) <= 6, reads  # one read per wake-up: 12 in 2.5 s, and more
+
+
+async def test_a_claim_on_a_busy_row_answers_the_lease_this_daemon_holds(
+    postgres_schema: str,
+) -> None:
+    """Another daemon's claim locks the lease row while it looks; a claim made here
+    meanwhile skips the row. If this daemon holds the lease (its orphan scan took the
+    session a moment before), that claim must say so: answering "held elsewhere" left a
+    lease renewed here that no actor would ever run (a prompt never answered)."""
+    async with daemon(postgres_schema) as a:
+        await a.write([_created("ses_a")])
+        assert await a.claim("ses_a") == 1
+        with psycopg.connect(postgres_schema, autocommit=True) as other:
+            with other.transaction():
+                other.execute("SELECT * FROM leases WHERE session_id = 'ses_a' FOR UPDATE")
+                assert await a.claim("ses_a") == 1
+            await a.release("ses_a")
+            with other.transaction():
+                other.execute("SELECT * FROM leases WHERE session_id = 'ses_a' FOR UPDATE")
+                assert await a.claim("ses_a") is None  # not held here: busy means no
+        assert await a.claim("ses_a") == 1
+
+
+async def test_hostile_text_round_trips_through_the_commits_quoted_query(
+    postgres_schema: str,
+) -> None:
+    """A commit is one SQL text with its values quoted into it: whatever a model writes
+    (quotes, backslashes, placeholders, dollar quotes, comments) is stored as written,
+    in one batch of several events and upserts of the same row."""
+    hostile = "it's \\' %s %(x)s $$ $a$ ;-- DROP TABLE events; /* \" é 🎉 \t\n"
+    async with daemon(postgres_schema) as ledger:
+        await ledger.write([_created("ses_a")])
+        ledger.post([_titled("ses_a", hostile)])
+        ledger.post([_titled("ses_a", hostile + "2")])
+        ledger.post([_created("ses_b"), _titled("ses_b", hostile * 50)])
+        await ledger.flush()
+        assert ledger.session("ses_a").title == hostile + "2"  # type: ignore[union-attr]
+        assert ledger.session("ses_b").title == hostile * 50  # type: ignore[union-attr]
+        titles = [e.data.get("title") for e in ledger.events_after(0)]
+        assert titles == ["", hostile, hostile + "2", "", hostile * 50]
+        assert [e.seq for e in ledger.events_after(0)] == [1, 2, 3, 4, 5]
