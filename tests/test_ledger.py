@@ -15,11 +15,11 @@ import apsw
 import pytest
 import trio
 
-from harness.messages.events import NewEvent
-from harness.messages.mailbox import FeedMessage, Publish
+from harness.messages.events import Event, NewEvent
+from harness.messages.mailbox import FeedMessage, Publish, WriteEvents
 from harness.messages.model import Session, TextPart, UserMessage
 from harness.storage.ledger import Ledger, LedgerError
-from harness.storage.port import LedgerPort
+from harness.storage.port import LedgerFenced, LedgerPort
 from harness.storage.schema import SCHEMA_VERSION
 
 
@@ -105,6 +105,36 @@ async def test_posts_are_ordered_and_flush_waits_for_them(make_ledger: MakeLedge
         assert stored is not None and stored.title == "t49"
         seqs = [e.seq for e in ledger.events_after(0)]
         assert seqs == sorted(seqs) and len(seqs) == 51
+
+
+class _CountingLedger(Ledger):
+    """The SQLite ledger, counting the transactions its writer runs."""
+
+    commits = 0
+
+    async def _run_commit(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerFenced]:
+        self.commits += 1
+        return await super()._run_commit(batch)
+
+
+async def test_a_flush_with_nothing_pending_runs_no_transaction(tmp_path: Path) -> None:
+    # A step's flush after its posts were group-committed would otherwise cost a worker
+    # thread round trip for an empty transaction (issue 14).
+    async with running(_CountingLedger(tmp_path / "ledger.db")) as ledger:
+        assert isinstance(ledger, _CountingLedger)
+        session = _session()
+        await ledger.write([_created(session)])
+        assert ledger.commits == 1
+        await ledger.flush()
+        await ledger.flush()
+        assert ledger.commits == 1
+        # A flush still waits for what was posted before it, committed first.
+        titled = session.model_copy(update={"title": "t"}).model_dump(mode="json")
+        ledger.post([NewEvent("session.updated", session.id, titled)])
+        await ledger.flush()
+        stored = ledger.session(session.id)
+        assert stored is not None and stored.title == "t"
+        assert ledger.commits == 2
 
 
 async def test_committed_events_reach_the_feed_after_commit(make_ledger: MakeLedger) -> None:
