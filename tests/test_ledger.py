@@ -6,6 +6,7 @@ The tests that take ``make_ledger`` run against both backends of the ledger port
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -19,7 +20,7 @@ from harness.messages.events import Event, NewEvent
 from harness.messages.mailbox import FeedMessage, Publish, WriteEvents
 from harness.messages.model import Session, TextPart, UserMessage
 from harness.storage.ledger import Ledger, LedgerError
-from harness.storage.port import LedgerFenced, LedgerPort
+from harness.storage.port import LedgerFenced, LedgerPort, on_worker_thread
 from harness.storage.schema import SCHEMA_VERSION
 
 
@@ -135,6 +136,29 @@ async def test_a_flush_with_nothing_pending_runs_no_transaction(tmp_path: Path) 
         stored = ledger.session(session.id)
         assert stored is not None and stored.title == "t"
         assert ledger.commits == 2
+
+
+async def test_a_commit_runs_on_a_worker_thread_and_reports_back() -> None:
+    def work() -> tuple[int, str]:
+        return threading.get_ident(), "done"
+
+    def fail() -> None:
+        raise apsw.FullError("database or disk is full")
+
+    ident, answer = await on_worker_thread(work)
+    assert answer == "done" and ident != threading.get_ident()
+    with pytest.raises(apsw.FullError):
+        await on_worker_thread(fail)
+    # A cancel while the commit runs waits for it: the work is never left half done.
+    finished: list[str] = []
+
+    def slow() -> None:
+        time.sleep(0.2)
+        finished.append("yes")
+
+    with trio.move_on_after(0.05):
+        await on_worker_thread(slow)
+    assert finished == ["yes"]
 
 
 async def test_committed_events_reach_the_feed_after_commit(make_ledger: MakeLedger) -> None:

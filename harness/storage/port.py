@@ -24,8 +24,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+import outcome
 import structlog
 import trio
 from pydantic import TypeAdapter
@@ -51,12 +52,35 @@ log = structlog.get_logger("harness.ledger")
 _MESSAGE: TypeAdapter[Message] = TypeAdapter(Message)
 _PART: TypeAdapter[Part] = TypeAdapter(Part)
 _MAX_BATCH = 1024
+_T = TypeVar("_T")
 
 # The lease (session_id, epoch) of the session actor whose task writes: set by the actor
 # when it claims its session, inherited by the tasks it starts (runner, tools, title), and
 # attached to each write it makes. None: a write of the API (a prompt, a new session),
 # which any daemon may make.
 current_lease: ContextVar[tuple[str, int] | None] = ContextVar("current_lease", default=None)
+
+
+async def on_worker_thread(work: Callable[[], _T]) -> _T:
+    """``work()`` on one of Trio's cached worker threads; its result or its exception.
+
+    The writer's commits, one a step, with less around them than ``trio.to_thread``
+    (capacity limiter, context copy, cancellation bookkeeping): 76-104 us of CPU a round
+    trip instead of 105-152 us (a no-op, best and median of 10 x 300). The writer has
+    one commit in flight, always shielded, so none of that is needed: the wait cannot be
+    cancelled, and the commit always runs to its end, as with a shielded ``to_thread``.
+    """
+    token = trio.lowlevel.current_trio_token()
+    task = trio.lowlevel.current_task()
+
+    def deliver(result: outcome.Outcome[_T]) -> None:
+        token.run_sync_soon(trio.lowlevel.reschedule, task, result)
+
+    trio.lowlevel.start_thread_soon(work, deliver)
+    answer: _T = await trio.lowlevel.wait_task_rescheduled(
+        lambda _: trio.lowlevel.Abort.FAILED
+    )
+    return answer
 
 
 class LedgerError(Exception):
@@ -118,7 +142,7 @@ class LedgerPort(ABC):
     def close(self) -> None: ...
 
     async def _run_commit(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerFenced]:
-        return await trio.to_thread.run_sync(self._commit, batch)
+        return await on_worker_thread(lambda: self._commit(batch))
 
     def _failure(self, error: Exception) -> tuple[LedgerError, bool]:
         """What a failed commit tells its callers, and whether it sticks (``failure``)."""
