@@ -3,7 +3,7 @@
 Two backends stand behind it: ``harness.storage.ledger.Ledger`` (apsw, SQLite: the
 embedded default, one process per file) and ``harness.storage.postgres.PostgresLedger``
 (one database that every daemon shares). What they share lives here: the writer actor
-(one mailbox, batches committed in one transaction inside ``trio.to_thread``, callers
+(one mailbox, batches committed in one transaction on a worker thread, callers
 answered after commit), and every read, written once in SQL both engines speak, with
 ``?`` placeholders (the PostgreSQL backend turns them into ``%s``).
 
