@@ -154,7 +154,11 @@ class LedgerPort(ABC):
         """Committed events go to the feed (a shared ledger orders them with others')."""
         if feed is not None:
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                await feed.send(Publish(events))
+                message = Publish(events)
+                try:
+                    feed.send_nowait(message)  # no scheduler trip while the feed has room
+                except trio.WouldBlock:
+                    await feed.send(message)
 
     # --- leases: no-ops for a ledger of one process ------------------------------------------
 
@@ -204,9 +208,17 @@ class LedgerPort(ABC):
                 if first.reply is None and self.post_delay > 0:
                     # Group commit: nobody waits on a post, so give the posts that follow
                     # it (a step makes several) a moment to share one transaction. A
-                    # write that someone awaits ends the wait at once.
+                    # write that someone awaits ends the wait at once. What is queued
+                    # already is taken without a trip through the scheduler each.
                     with trio.move_on_after(self.post_delay):
                         while len(batch) < _MAX_BATCH and batch[-1].reply is None:
+                            try:
+                                batch.append(self._mailbox_receive.receive_nowait())
+                                continue
+                            except trio.WouldBlock:
+                                pass
+                            except trio.EndOfChannel:
+                                break
                             try:
                                 batch.append(await self._mailbox_receive.receive())
                             except trio.EndOfChannel:
