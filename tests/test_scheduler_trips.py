@@ -11,12 +11,15 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import trio
 
-from harness.messages.events import Event, wait_turn_finished
+from harness.messages.events import Event, NewEvent, wait_turn_finished
 from harness.messages.mailbox import ask
+from harness.messages.model import Session
+from harness.storage.ledger import Ledger
 
 
 class _Steps(trio.abc.Instrument):
@@ -80,3 +83,43 @@ async def test_an_ask_into_a_mailbox_with_room_waits_only_for_the_answer() -> No
                 await ask(mailbox, lambda reply: (1, reply))
         assert inbox.statistics().current_buffer_used == 0
         nursery.cancel_scope.cancel()
+
+
+class _ByName(trio.abc.Instrument):
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.count = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task.name.endswith(self.name):
+            self.count += 1
+
+
+async def test_posts_queue_without_waking_the_writer_and_a_flush_ends_the_wait(
+    tmp_path: Path,
+) -> None:
+    ledger = Ledger(tmp_path / "ledger.db", post_delay=5.0)  # a wait only a flush can end
+    writer = _ByName("run_writer")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ledger.run_writer, None)
+        await trio.testing.wait_all_tasks_blocked()
+        trio.lowlevel.add_instrument(writer)
+        session = _session()
+        ledger.post([NewEvent.of("session.created", session.id, session)])
+        for index in range(100):
+            titled = session.model_copy(update={"title": f"t{index}"})
+            ledger.post([NewEvent.of("session.updated", session.id, titled)])
+            await trio.sleep(0)  # the poster goes on with its work, one post at a time
+        with trio.fail_after(2):  # not the 5 s post delay
+            await ledger.flush()
+        trio.lowlevel.remove_instrument(writer)
+        stored = ledger.session(session.id)
+        assert stored is not None and stored.title == "t99"
+        assert writer.count <= 6  # before: a round for most posts (67 of 100 here)
+        ledger.close_writer()
+    ledger.close()
+
+
+def _session() -> Session:
+    now = time.time()
+    return Session(id="ses_a", directory="/tmp", model="scripted:x", created=now, updated=now)

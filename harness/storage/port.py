@@ -126,6 +126,10 @@ class LedgerPort(ABC):
         self.failure: LedgerError | None = None
         self.hooks: ClusterHooks | None = None
         self._mailbox_send, self._mailbox_receive = trio.open_memory_channel[WriteEvents](math.inf)
+        # The writer's group-commit wait, while it sleeps; and whether a write someone
+        # awaits (or the close) came in since the batch began, which ends that wait.
+        self._grouping: trio.CancelScope | None = None
+        self._reply_waiting = False
 
     # --- what a backend provides -----------------------------------------------------------
 
@@ -207,27 +211,25 @@ class LedgerPort(ABC):
                 batch = [first]
                 if first.reply is None and self.post_delay > 0:
                     # Group commit: nobody waits on a post, so give the posts that follow
-                    # it (a step makes several) a moment to share one transaction. A
-                    # write that someone awaits ends the wait at once. What is queued
-                    # already is taken without a trip through the scheduler each.
-                    with trio.move_on_after(self.post_delay):
-                        while len(batch) < _MAX_BATCH and batch[-1].reply is None:
-                            try:
-                                batch.append(self._mailbox_receive.receive_nowait())
-                                continue
-                            except trio.WouldBlock:
-                                pass
-                            except trio.EndOfChannel:
-                                break
-                            try:
-                                batch.append(await self._mailbox_receive.receive())
-                            except trio.EndOfChannel:
-                                break
+                    # it (a step makes several) a moment to share one transaction. The
+                    # writer sleeps meanwhile rather than waiting on the mailbox, so a
+                    # post queues without waking it (a scheduler round each); a write
+                    # that someone awaits, or the writer's close, ends the wait at once.
+                    with trio.move_on_after(self.post_delay) as grouping:
+                        self._grouping = grouping
+                        if not self._reply_waiting:
+                            await trio.sleep_forever()
+                    self._grouping = None
+                # Every write queued by now goes in this batch (no await until it is
+                # taken), so none is left waiting, unless the batch is full.
+                self._reply_waiting = False
                 while len(batch) < _MAX_BATCH:
                     try:
                         batch.append(self._mailbox_receive.receive_nowait())
                     except (trio.WouldBlock, trio.EndOfChannel):
                         break
+                else:
+                    self._reply_waiting = True  # more queued: no waiting for company
                 with trio.CancelScope(shield=True):
                     await self._commit_and_answer(batch, feed)
 
@@ -311,6 +313,7 @@ class LedgerPort(ABC):
         reply_send, reply_receive = trio.open_memory_channel[list[Event] | Exception](1)
         lease = fence or current_lease.get()
         self._mailbox_send.send_nowait(WriteEvents(events, reply_send, blobs, lease))
+        self._end_grouping()
         answer = await reply_receive.receive()
         if isinstance(answer, Exception):
             raise answer
@@ -322,6 +325,13 @@ class LedgerPort(ABC):
 
     def close_writer(self) -> None:
         self._mailbox_send.close()
+        self._end_grouping()
+
+    def _end_grouping(self) -> None:
+        """Someone waits on the writer: a batch being gathered is committed now."""
+        self._reply_waiting = True
+        if self._grouping is not None:
+            self._grouping.cancel()
 
     # --- reading ---------------------------------------------------------------------------
 
