@@ -3,7 +3,7 @@
 Run from the repository root::
 
     python benchmarks/cluster_live.py feed [--deltas 200000]          # no database needed
-    HARNESS_TREE=/work/main python benchmarks/cluster_live.py feed     # the base tree's feed
+    HARNESS_TREE=../other-checkout python benchmarks/cluster_live.py feed     # the base tree's feed
     HARNESS_TEST_POSTGRES=postgresql://... python benchmarks/cluster_live.py relay
     HARNESS_TEST_POSTGRES=postgresql://... python benchmarks/cluster_live.py cancel [--rounds 5]
 

@@ -3,7 +3,7 @@
 Run from the repository root::
 
     python benchmarks/startup.py                       # this tree, 7 runs of each path
-    python benchmarks/startup.py --base /work/main     # and another tree's, run by run
+    python benchmarks/startup.py --base ../other-checkout  # and another tree's, run by run
     python benchmarks/startup.py --runs 11 --steps 20
 
 Each run is one ``harness run`` process of ``benchmarks/loop.py`` (``cli_run``): the

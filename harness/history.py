@@ -57,6 +57,25 @@ class _Entry:
     counted: bool = False  # whether the figures above are in the History's running totals
 
 
+@dataclass(slots=True)
+class _View:
+    """The model's view as the last ``chat`` built it, kept to build the next one from.
+
+    A step only appends messages and changes the last few, so the next view keeps what
+    comes before the first change and builds the rest: the work of a step does not grow
+    with the history (issue 14). Made anew when the summary at its head changes.
+    """
+
+    compaction: tuple[str, CompactionPart] | None
+    ids: list[str]  # the visible messages' ids, in order
+    entries: list[_Entry]  # and their entries
+    position: dict[str, int]  # message id -> its index in ``ids``
+    tool_before: list[int]  # tool-output tokens of entries[:i], one more item than entries
+    out: list[ChatMessage]  # the view: the summary (if any), then each entry's messages
+    offsets: list[int]  # where each of the first len(offsets) entries starts in ``out``
+    cut: int = 0  # entries before this index showed pruned tool outputs
+
+
 def estimate_tokens(text: str) -> int:
     """A provider-neutral estimate: about four characters a token."""
     return len(text) // 4 + 1
@@ -124,6 +143,8 @@ class History:
         self._tokens = 0  # visible messages
         self._tool_tokens = 0  # visible messages' tool outputs
         self._replies = 0  # all messages
+        self._view: _View | None = None
+        self._view_changed: set[str] = set()  # messages changed since the view was built
 
     def sync(self) -> None:
         messages, parts, self.mark = self._ledger.changes(self.session_id, self.mark)
@@ -139,6 +160,7 @@ class History:
             else:
                 entry.message = message
                 entry.chat = None
+                self._view_changed.add(message.id)
             if cut_by_restart(message):
                 self._cut.add(message.id)
             else:
@@ -153,6 +175,7 @@ class History:
                 continue
             owner.parts[part.id] = part
             owner.chat = None
+            self._view_changed.add(part.message_id)
             self._dirty.add(part.message_id)
             if isinstance(part, CompactionPart):
                 self._compaction = (part.message_id, part)
@@ -233,26 +256,56 @@ class History:
         With ``prune_protect``, tool outputs older than the newest ``prune_protect``
         tokens of tool output are elided, when that saves at least half as much again
         (pruning a little would only spoil the provider's prompt cache); the ledger keeps
-        them whole.
+        them whole. Built from the last view (``_View``): only the messages after the
+        first one that changed since are looked at again.
         """
         self._refresh()
         visible = self._visible()
-        entries = [self._view_of(i) for i in visible]
+        view = self._view
+        if view is None or view.compaction is not self._compaction:
+            head: list[ChatMessage] = []
+            if self._compaction is not None:
+                head.append(UserTurn(SUMMARY_HEADER + self._compaction[1].summary))
+            view = self._view = _View(self._compaction, [], [], {}, [0], head, [])
+        # The view holds up to the first message changed since it was built.
+        valid = len(view.ids)
+        for message_id in self._view_changed:
+            position = view.position.get(message_id)
+            if position is not None and position < valid:
+                valid = position
+        self._view_changed.clear()
+        # Both come from the append-only ``_order`` under the same head, so the view can
+        # only have grown; checked at its end all the same (a full compare would be O(n)).
+        if valid and (len(visible) < valid or visible[valid - 1] != view.ids[valid - 1]):
+            valid = 0
+        for message_id in view.ids[valid:]:
+            del view.position[message_id]
+        del view.ids[valid:], view.entries[valid:], view.tool_before[valid + 1 :]
+        for message_id in visible[valid:]:
+            entry = self._view_of(message_id)
+            view.position[message_id] = len(view.ids)
+            view.ids.append(message_id)
+            view.entries.append(entry)
+            view.tool_before.append(view.tool_before[-1] + entry.tool_tokens)
+        entries = view.entries
         cut = 0  # entries before this index show pruned tool outputs
         # The walk is needed only once there is more tool output than is protected.
-        if prune_protect is not None and self._tool_tokens > prune_protect:
+        if prune_protect is not None and view.tool_before[-1] > prune_protect:
             seen = 0
             for index in range(len(entries) - 1, -1, -1):
                 seen += entries[index].tool_tokens
                 if seen > prune_protect:
-                    prunable = sum(e.tool_tokens for e in entries[: index + 1])
-                    if prunable >= prune_protect // 2:
+                    if view.tool_before[index + 1] >= prune_protect // 2:
                         cut = index + 1
                     break
-        out: list[ChatMessage] = []
-        if self._compaction is not None:
-            out.append(UserTurn(SUMMARY_HEADER + self._compaction[1].summary))
-        for position, entry in enumerate(entries):
+        # Rebuild the view from the first entry whose messages may differ.
+        rebuild = min(valid, view.cut, cut) if cut != view.cut else valid
+        out, offsets = view.out, view.offsets
+        if rebuild < len(offsets):
+            del out[offsets[rebuild] :], offsets[rebuild:]
+        for position in range(len(offsets), len(entries)):
+            entry = entries[position]
+            offsets.append(len(out))
             if position < cut and entry.tool_tokens:
                 if entry.pruned is None:
                     entry.pruned = tuple(
@@ -264,7 +317,8 @@ class History:
                 out.extend(entry.pruned)
             else:
                 out.extend(entry.chat or ())
-        return out
+        view.cut = cut
+        return list(out)
 
     def estimate(self) -> int:
         """Estimated tokens of the model's view (before pruning), summary included."""

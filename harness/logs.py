@@ -125,6 +125,11 @@ def _route_stdlib_logging(level: int) -> None:
     root.addHandler(_ToStructlog())
     root.setLevel(level)
     logging.captureWarnings(True)
+    # httpx logs each request at INFO ("HTTP Request: POST … 200 OK"), ~40 µs a line on
+    # every provider step, which already has its "step started" line (and its failure a
+    # "provider error" one). Kept at debug; its warnings and errors always.
+    httpx_level = logging.WARNING if level > logging.DEBUG else logging.NOTSET
+    logging.getLogger("httpx").setLevel(httpx_level)
 
 
 def configure_logging(
@@ -149,6 +154,7 @@ def configure_logging(
     )
     numeric_level = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
     _route_stdlib_logging(numeric_level)
+    writer = structlog.WriteLogger(_sink)  # type: ignore[arg-type]
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -160,6 +166,9 @@ def configure_logging(
             _redact_line,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric_level),
-        logger_factory=structlog.WriteLoggerFactory(file=_sink),  # type: ignore[arg-type]
+        # One writer for every logger: structlog makes a logger per call (loggers are not
+        # cached, so a configuration made later still applies), and a factory making a
+        # new WriteLogger each time was a fifth of a line's cost.
+        logger_factory=lambda *args: writer,
         cache_logger_on_first_use=False,
     )

@@ -6,6 +6,7 @@ The tests that take ``make_ledger`` run against both backends of the ledger port
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -15,11 +16,11 @@ import apsw
 import pytest
 import trio
 
-from harness.messages.events import NewEvent
-from harness.messages.mailbox import FeedMessage, Publish
+from harness.messages.events import Event, NewEvent
+from harness.messages.mailbox import FeedMessage, Publish, WriteEvents
 from harness.messages.model import Session, TextPart, UserMessage
 from harness.storage.ledger import Ledger, LedgerError
-from harness.storage.port import LedgerPort
+from harness.storage.port import LedgerFenced, LedgerPort, on_worker_thread
 from harness.storage.schema import SCHEMA_VERSION
 
 
@@ -117,6 +118,59 @@ async def test_posts_are_ordered_and_flush_waits_for_them(make_ledger: MakeLedge
         assert stored is not None and stored.title == "t49"
         seqs = [e.seq for e in ledger.events_after(0)]
         assert seqs == sorted(seqs) and len(seqs) == 51
+
+
+class _CountingLedger(Ledger):
+    """The SQLite ledger, counting the transactions its writer runs."""
+
+    commits = 0
+
+    async def _run_commit(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerFenced]:
+        self.commits += 1
+        return await super()._run_commit(batch)
+
+
+async def test_a_flush_with_nothing_pending_runs_no_transaction(tmp_path: Path) -> None:
+    # A step's flush after its posts were group-committed would otherwise cost a worker
+    # thread round trip for an empty transaction (issue 14).
+    async with running(_CountingLedger(tmp_path / "ledger.db")) as ledger:
+        assert isinstance(ledger, _CountingLedger)
+        session = _session()
+        await ledger.write([_created(session)])
+        assert ledger.commits == 1
+        await ledger.flush()
+        await ledger.flush()
+        assert ledger.commits == 1
+        # A flush still waits for what was posted before it, committed first.
+        titled = session.model_copy(update={"title": "t"}).model_dump(mode="json")
+        ledger.post([NewEvent("session.updated", session.id, titled)])
+        await ledger.flush()
+        stored = ledger.session(session.id)
+        assert stored is not None and stored.title == "t"
+        assert ledger.commits == 2
+
+
+async def test_a_commit_runs_on_a_worker_thread_and_reports_back() -> None:
+    def work() -> tuple[int, str]:
+        return threading.get_ident(), "done"
+
+    def fail() -> None:
+        raise apsw.FullError("database or disk is full")
+
+    ident, answer = await on_worker_thread(work)
+    assert answer == "done" and ident != threading.get_ident()
+    with pytest.raises(apsw.FullError):
+        await on_worker_thread(fail)
+    # A cancel while the commit runs waits for it: the work is never left half done.
+    finished: list[str] = []
+
+    def slow() -> None:
+        time.sleep(0.2)
+        finished.append("yes")
+
+    with trio.move_on_after(0.05):
+        await on_worker_thread(slow)
+    assert finished == ["yes"]
 
 
 async def test_committed_events_reach_the_feed_after_commit(make_ledger: MakeLedger) -> None:

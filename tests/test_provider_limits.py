@@ -280,3 +280,29 @@ def test_a_shared_wait_reads_as_one_on_the_terminal(capsys: pytest.CaptureFixtur
     shared, own = capsys.readouterr().err.splitlines()
     assert shared == f"… waiting for the provider, next request in 2s: {reason}"
     assert own == "… provider error, retry 1 in 2s: x"
+
+
+async def test_a_provider_without_limits_admits_without_queueing() -> None:
+    # Nothing to wait for: the admission queue (a lock) is not even looked at, so an
+    # unlimited provider's request costs no trip through the scheduler (issue 14).
+    from harness.providers.limiter import ProviderLimiter
+
+    async def hold(lock: trio.Lock, release: trio.Event, task_status: Any) -> None:
+        async with lock:
+            task_status.started()
+            await release.wait()
+
+    free = ProviderLimiter("free")
+    paced = ProviderLimiter("paced", ProviderLimits(requests_per_minute=6000))
+    release = trio.Event()
+    async with trio.open_nursery() as nursery:
+        for limiter in (free, paced):  # another task holds each queue
+            await nursery.start(hold, limiter._admission, release)
+        with trio.fail_after(1):
+            async with free.slot():
+                assert free.in_flight == 1
+        with trio.move_on_after(0.2) as waited:
+            async with paced.slot():
+                pass
+        assert waited.cancelled_caught  # a paced provider still queues
+        release.set()

@@ -158,3 +158,26 @@ async def test_an_embedded_turn_is_answered_at_the_terminal_through_the_harness(
     assert code == EXIT_OK
     assert typed.read() == ""  # the ask was put to the terminal, and answered "once"
     assert (project / "notes.txt").read_text().startswith("line 1\n")
+
+
+async def test_the_feed_reads_queued_events_in_one_round(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A step publishes a dozen events or more: those already queued cost no trip through
+    # the scheduler each (issue 14); a feed that ends still says so.
+    from test_scheduler_trips import scheduled_rounds
+
+    follow = follower(Recorded(), interactive=False)
+    send, receive = trio.open_memory_channel[WireEvent](1000)
+    for index in range(300):
+        send.send_nowait(wire("session.updated", {"title": f"t{index}"}))
+    send.send_nowait(wire("turn.finished", {"message_id": "msg_1", "reason": "answered"}))
+    async with trio.open_nursery() as nursery:
+        with scheduled_rounds() as rounds:
+            code = await follow.follow_feed(receive, nursery)  # type: ignore[arg-type]
+    assert code == EXIT_OK and rounds.count <= 2  # before: 301
+    send.send_nowait(wire("session.updated", {"title": "late"}))
+    send.close()
+    async with trio.open_nursery() as nursery:
+        assert await follow.follow_feed(receive, nursery) != EXIT_OK  # type: ignore[arg-type]
+    assert "event stream ended" in capsys.readouterr().err

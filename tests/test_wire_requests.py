@@ -36,7 +36,7 @@ from harness.messages.provider import (
     UserTurn,
 )
 from harness.providers import mistral, openai
-from harness.providers.sse import DRAIN_SECONDS, aiter_sse_data, new_client
+from harness.providers.sse import DRAIN_SECONDS, PostTemplate, aiter_sse_data, new_client
 
 USAGE = {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}
 STEPS = 6
@@ -453,3 +453,47 @@ async def test_the_wire_cache_is_let_go_when_the_turn_ends(
             assert cache.encoded > 0
             # Between turns an idle session holds no copy of its history's wire form.
             assert not cache._by_identity and not cache._by_value and not cache._last_joined
+
+
+@pytest.mark.parametrize("provider", ["mistral", "openai"])
+def test_requests_made_from_the_template_are_the_ones_the_client_builds(provider: str) -> None:
+    # The request's fixed parts are merged once per provider client (issue 14); every
+    # request must still be exactly what ``client.build_request`` makes of the same call.
+    client = httpx.AsyncClient(headers={"X-Lab": "1"})
+    url = "http://127.0.0.1:9/v1/chat/completions"
+    headers = {"Authorization": "Bearer k", "Content-Type": "application/json"}
+    template = PostTemplate(client, url, headers)
+    for body in (b"{}", b'{"messages": [1, 2, 3]}', b"x" * 70_000):
+        made = template.request(body)
+        built = client.build_request("POST", url, headers=headers, content=body)
+        assert made.method == built.method and made.url == built.url
+        assert made.headers.raw == built.headers.raw  # names, values and order
+        assert made.extensions == built.extensions
+        assert made.content == body
+    # A cookie a server set is sent back, as the client would.
+    client.cookies.set("session", "abc", domain="127.0.0.1")
+    made = template.request(b"{}")
+    assert made.headers["Cookie"] == "session=abc"
+    assert made.headers.raw == client.build_request(
+        "POST", url, headers=headers, content=b"{}"
+    ).headers.raw
+
+
+async def test_a_cookie_the_server_sets_comes_back_on_the_next_step(
+    tmp_path: Path, project: Path
+) -> None:
+    first = _step(0)
+    first.headers = [("Set-Cookie", "lb=node-7; Path=/")]
+    async with wire_server(first, _step(1), _answer(), keep_alive=True) as server:
+
+        def factory(model: str) -> Any:
+            return mistral.MistralProvider(model.split("/", 1)[1], api_key="k", base_url=server.url)
+
+        config = Config(home=tmp_path / "home", model="mistral/m", provider_factory=factory)
+        async with open_harness(config) as h:
+            session = await h.create_session(project)
+            result = await h.run(session.id, "read, then answer")
+    assert result.answer == "All read."
+    cookies = [r.headers.get("cookie") for r in server.requests]
+    assert cookies == [None, "lb=node-7", "lb=node-7"]
+    assert [r.headers["authorization"] for r in server.requests] == ["Bearer k"] * 3

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import replace
@@ -286,10 +287,14 @@ class ToolExecutor:
     def _redact_saved_output(self, call_id: str) -> None:
         if not has_secrets():
             return
+        # In strings, not pathlib: this runs after every call, and two Path joins, parents
+        # and comparisons cost more than the two stat calls.
+        directory = str(self._output_dir)
         for suffix in (".log", ".txt"):  # bash's stream, the truncation's copy
-            path = self._output_dir / f"{call_id}{suffix}"
-            if path.parent == self._output_dir and path.exists():
-                redact_file(path)
+            path = os.path.join(directory, f"{call_id}{suffix}")
+            # The id is the model's: one that names another directory is not looked at.
+            if os.path.dirname(path) == directory and os.path.exists(path):
+                redact_file(Path(path))
 
     def _granted_check(
         self, granted: Sequence[PermissionNeed]

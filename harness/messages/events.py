@@ -179,9 +179,26 @@ async def wait_turn_finished(
     message_id: str | None = None,
     session_id: str | None = None,
 ) -> TurnResult | None:
-    """Read ``events`` until a turn finishes (see ``finished_turn``); None if they end first."""
+    """Read ``events`` until a turn finishes (see ``finished_turn``); None if they end first.
+
+    From a channel, the events already queued are taken without a trip through the
+    scheduler each (``receive_nowait``): a step publishes a dozen or more, and each
+    ``async for`` round was one.
+    """
+    import trio
+
+    queued = events.receive_nowait if isinstance(events, trio.MemoryReceiveChannel) else None
     async for event in events:
-        result = finished_turn(event, message_id=message_id, session_id=session_id)
-        if result is not None:
-            return result
+        while True:
+            result = finished_turn(event, message_id=message_id, session_id=session_id)
+            if result is not None:
+                return result
+            if queued is None:
+                break
+            try:
+                event = queued()
+            except trio.WouldBlock:
+                break
+            except trio.EndOfChannel:
+                return None
     return None

@@ -87,8 +87,12 @@ class ProviderLimiter:
         if self._slots is not None:
             await self._slots.acquire_on_behalf_of(token)
         try:
-            async with self._admission:
-                await self._admit(on_wait)
+            if self._slots is not None or self._interval:
+                async with self._admission:
+                    await self._admit(on_wait)
+            # Else there is nothing to queue for: no slot was waited for, so the hold
+            # checked above still stands, and the lock would only cost every request a
+            # trip through the scheduler.
             self.in_flight += 1
             try:
                 yield

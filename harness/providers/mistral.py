@@ -38,6 +38,7 @@ from harness.providers.errors import AuthError, ProviderError, TruncatedStreamEr
 from harness.providers.pricing import PriceTable
 from harness.providers.sdk_models import models_without_the_client
 from harness.providers.sse import (
+    PostTemplate,
     ToolCallAssembler,
     error_for_body,
     error_for_transport,
@@ -337,18 +338,14 @@ class MistralProvider:
             else new_client(self.url, TIMEOUT, transport)
         )
         self._prices = prices if prices is not None else default_prices("mistral")
+        self._post = PostTemplate(self._client, self.url, self._headers)
         self._requests = request_cache()
 
     @asynccontextmanager
     async def stream(self, request: ProviderRequest) -> AsyncIterator[AsyncIterator[StreamEvent]]:
         body = self._requests.body(request)
         async with open_stream(
-            self._client,
-            self.url,
-            headers=self._headers,
-            body=body,
-            provider=self.name,
-            key_env=KEY_ENV,
+            self._post, body=body, provider=self.name, key_env=KEY_ENV
         ) as response:
             chunk_model()  # the reply has begun: its first token is still to come
             data = sse_data(response)

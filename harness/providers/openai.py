@@ -29,6 +29,7 @@ from harness.messages.provider import (
 from harness.providers.errors import ProviderError, TruncatedStreamError
 from harness.providers.pricing import PriceTable
 from harness.providers.sse import (
+    PostTemplate,
     ToolCallAssembler,
     error_for_body,
     error_for_transport,
@@ -260,18 +261,14 @@ class OpenAIProvider:
             else new_client(self.url, TIMEOUT, transport)
         )
         self._prices = prices if prices is not None else PriceTable()
+        self._post = PostTemplate(self._client, self.url, self._headers)
         self._requests = request_cache()
 
     @asynccontextmanager
     async def stream(self, request: ProviderRequest) -> AsyncIterator[AsyncIterator[StreamEvent]]:
         body = self._requests.body(request)
         async with open_stream(
-            self._client,
-            self.url,
-            headers=self._headers,
-            body=body,
-            provider=self.name,
-            key_env=KEY_ENV,
+            self._post, body=body, provider=self.name, key_env=KEY_ENV
         ) as response:
             data = sse_data(response)
             async with aclosing(data):

@@ -302,29 +302,68 @@ class PlainHTTPTransport(httpx.AsyncHTTPTransport):
         )
 
 
+class PostTemplate:
+    """A provider's POSTs to its URL, with the parts that never change merged once.
+
+    ``client.stream("POST", url, headers=…)`` parses the URL and merges the client's
+    headers, the provider's, the cookies and the timeout into a new request each time,
+    though for one provider client only the body ever differs (~0.1 ms a step, measured
+    through the loop benchmark's wire path). The first request is built by the client;
+    later ones are made from its URL, headers and extensions, which gives the same request
+    (headers in the same order). While the client holds a cookie a server set, the client
+    builds each request as before, so the cookie is sent back.
+    """
+
+    __slots__ = ("_extensions", "_headers", "_url", "client", "headers", "url")
+
+    def __init__(self, client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> None:
+        self.client = client
+        self.url = url
+        self.headers = headers
+        self._url: httpx.URL | None = None
+        self._headers: httpx.Headers | None = None
+        self._extensions: dict[str, Any] = {}
+
+    def request(self, body: bytes) -> httpx.Request:
+        client = self.client
+        if self._url is None or client.cookies:
+            request = client.build_request("POST", self.url, headers=self.headers, content=body)
+            if self._url is None:
+                # What the request adds by itself from the body and the URL is left out
+                # (Content-Length and Host lead the headers), so that it comes out the same.
+                fixed = httpx.Headers(request.headers)
+                for name in ("Content-Length", "Host"):
+                    if name in fixed:
+                        del fixed[name]
+                self._headers = fixed
+                self._extensions = dict(request.extensions)
+                self._url = request.url
+            return request
+        return httpx.Request(
+            "POST", self._url, headers=self._headers, content=body, extensions=self._extensions
+        )
+
+
 @asynccontextmanager
 async def open_stream(
-    client: httpx.AsyncClient,
-    url: str,
-    *,
-    headers: dict[str, str],
-    body: bytes,
-    provider: str,
-    key_env: str,
+    post: PostTemplate, *, body: bytes, provider: str, key_env: str
 ) -> AsyncIterator[httpx.Response]:
     """POST ``body`` and yield the 200 response; anything else raises a typed error.
 
-    The response lives inside ``async with client.stream``: leaving the block by any
-    route, a cancel included, closes the connection at once.
+    The response is closed on leaving the block by any route, a cancel included (as
+    ``client.stream`` does): a body not read to its end takes its connection with it.
     """
     try:
-        async with client.stream("POST", url, headers=headers, content=body) as response:
+        response = await post.client.send(post.request(body), stream=True)
+        try:
             if response.status_code != 200:
                 raw = await response.aread()
                 raise error_for_status(
                     provider, key_env, response.status_code, response.headers, raw
                 )
             yield response
+        finally:
+            await response.aclose()
     except (httpx.TransportError, httpx.InvalidURL) as exc:
         raise error_for_transport(provider, exc) from exc
 

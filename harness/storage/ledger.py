@@ -2,7 +2,7 @@
 
 The embedded default backend of the ledger port (harness/storage/port.py, which holds
 the writer actor and the reads). One write connection belongs to the writer task, which
-commits each batch in one transaction inside ``trio.to_thread`` (a commit stalls 10–25 ms
+commits each batch in one transaction on a worker thread (a commit stalls 10–25 ms
 now and then on a WAL checkpoint; the event loop must not). Reads go through a second
 connection, on the caller's thread: they are small, indexed and do not wait for writers
 in WAL mode.

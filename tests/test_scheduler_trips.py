@@ -1,0 +1,125 @@
+"""Actor messages that are ready cost no trip through the scheduler (issue 14).
+
+A ``receive`` of a queued item and a ``send`` into a channel with room are each a full
+scheduler round in Trio (a checkpoint); a step passes a few dozen messages around. These
+count the scheduling rounds of the task under test with a Trio instrument, and check
+that cancellation still works the way it did.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import trio
+
+from harness.messages.events import Event, NewEvent, wait_turn_finished
+from harness.messages.mailbox import ask
+from harness.messages.model import Session
+from harness.storage.ledger import Ledger
+
+
+class _Steps(trio.abc.Instrument):
+    def __init__(self, task: trio.lowlevel.Task) -> None:
+        self.task = task
+        self.count = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task is self.task:
+            self.count += 1
+
+
+@contextmanager
+def scheduled_rounds() -> Iterator[_Steps]:
+    """How many times the current task is scheduled again inside the block."""
+    steps = _Steps(trio.lowlevel.current_task())
+    trio.lowlevel.add_instrument(steps)
+    try:
+        yield steps
+    finally:
+        trio.lowlevel.remove_instrument(steps)
+
+
+def _event(kind: str, **data: object) -> Event:
+    return Event(1, time.time(), kind, "ses_a", dict(data))  # type: ignore[arg-type]
+
+
+async def test_queued_events_are_read_in_one_round() -> None:
+    send, receive = trio.open_memory_channel[Event](2000)
+    for index in range(1000):
+        send.send_nowait(_event("part.updated", index=index))
+    send.send_nowait(_event("turn.finished", message_id="msg_a", reason="answered", answer="ok"))
+    with scheduled_rounds() as rounds:
+        result = await wait_turn_finished(receive, message_id="msg_a")
+    assert result is not None and result.answer == "ok"
+    assert rounds.count <= 2  # before: one round an event, 1,001
+    # The channel's end still ends the wait, queued or not.
+    send.send_nowait(_event("part.updated"))
+    send.close()
+    assert await wait_turn_finished(receive, message_id="msg_a") is None
+
+
+async def test_an_ask_into_a_mailbox_with_room_waits_only_for_the_answer() -> None:
+    mailbox, inbox = trio.open_memory_channel[tuple[int, trio.MemorySendChannel[int]]](10)
+
+    async def doubler() -> None:
+        async for number, reply in inbox:
+            reply.send_nowait(number * 2)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(doubler)
+        await trio.testing.wait_all_tasks_blocked()
+        with scheduled_rounds() as rounds:
+            for number in range(50):
+                assert await ask(mailbox, lambda reply, n=number: (n, reply)) == number * 2
+        assert rounds.count <= 50  # the answer's wait alone; before: 100
+        # A cancelled asker still sends nothing.
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            with pytest.raises(trio.Cancelled):
+                await ask(mailbox, lambda reply: (1, reply))
+        assert inbox.statistics().current_buffer_used == 0
+        nursery.cancel_scope.cancel()
+
+
+class _ByName(trio.abc.Instrument):
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.count = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task.name.endswith(self.name):
+            self.count += 1
+
+
+async def test_posts_queue_without_waking_the_writer_and_a_flush_ends_the_wait(
+    tmp_path: Path,
+) -> None:
+    ledger = Ledger(tmp_path / "ledger.db", post_delay=5.0)  # a wait only a flush can end
+    writer = _ByName("run_writer")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ledger.run_writer, None)
+        await trio.testing.wait_all_tasks_blocked()
+        trio.lowlevel.add_instrument(writer)
+        session = _session()
+        ledger.post([NewEvent.of("session.created", session.id, session)])
+        for index in range(100):
+            titled = session.model_copy(update={"title": f"t{index}"})
+            ledger.post([NewEvent.of("session.updated", session.id, titled)])
+            await trio.lowlevel.checkpoint()  # the poster goes on, one post at a time
+        with trio.fail_after(2):  # not the 5 s post delay
+            await ledger.flush()
+        trio.lowlevel.remove_instrument(writer)
+        stored = ledger.session(session.id)
+        assert stored is not None and stored.title == "t99"
+        assert writer.count <= 6  # before: a round for most posts (67 of 100 here)
+        ledger.close_writer()
+    ledger.close()
+
+
+def _session() -> Session:
+    now = time.time()
+    return Session(id="ses_a", directory="/tmp", model="scripted:x", created=now, updated=now)
