@@ -47,7 +47,13 @@ def _integral(value: object) -> object:
     return value
 
 
-Directory = Annotated[str, Field(min_length=1), AfterValidator(_path_fits)]
+# The pattern documents the NUL rule in the OpenAPI document; _path_fits enforces it with
+# a message that says why (a schema-valid request must never be refused as malformed).
+Directory = Annotated[
+    str,
+    Field(min_length=1, json_schema_extra={"pattern": "^[^\\x00]*$"}),
+    AfterValidator(_path_fits),
+]
 StepLimit = Annotated[int, Field(ge=1, le=MAX_STEPS), BeforeValidator(_integral)]
 MessageId = Annotated[str, Field(min_length=1, max_length=MAX_ID, pattern=r"^[A-Za-z0-9_\-]+$")]
 
