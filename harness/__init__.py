@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from harness.frontmatter import use_store as use_front_matter_store
     from harness.lean_imports import install as install_lean_imports
     from harness.logs import configure_logging
-    from harness.messages.events import Event, TurnResult
+    from harness.messages.events import Event, TurnResult, with_queued
     from harness.messages.ids import message_id as new_message_id
     from harness.messages.model import Rule
     from harness.messages.question import NO_TERMINAL
@@ -122,6 +122,7 @@ __all__ = [
     "tool",
     "usable_socket_path",
     "use_front_matter_store",
+    "with_queued",
 ]
 
 # name → (module, attribute there)
@@ -137,6 +138,7 @@ _WHERE = {
     "global_catalog": ("harness.agent_files", "global_catalog"),
     "agent_sources": ("harness.agent_files", "agent_sources"),
     "discover_skills": ("harness.skills", "discover"),
+    "with_queued": ("harness.messages.events", "with_queued"),
     "project_catalog": ("harness.agent_files", "project_catalog"),
     "use_front_matter_store": ("harness.frontmatter", "use_store"),
     "SocketPathError": ("harness.config", "SocketPathError"),

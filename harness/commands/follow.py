@@ -151,29 +151,16 @@ class TurnFollower:
 
         import trio
 
-        # From a channel, the events already queued are taken without a trip through
-        # the scheduler each (a step publishes a dozen or more).
-        queued = events.receive_nowait if isinstance(events, trio.MemoryReceiveChannel) else None
-        ended = False
-        async for event in events:
-            while True:
+        from harness import with_queued
+
+        async for first in events:
+            for event in with_queued(first, events):
                 code = self.see(event)
                 if code is not None:
                     return code
                 if self.needs_answer(event):
                     answer = partial(trio.to_thread.run_sync, self.answer, event)
                     nursery.start_soon(partial(answer, abandon_on_cancel=True))
-                if queued is None:
-                    break
-                try:
-                    event = queued()
-                except trio.WouldBlock:
-                    break
-                except trio.EndOfChannel:
-                    ended = True
-                    break
-            if ended:
-                break
         print("harness: the event stream ended before the answer", file=sys.stderr)
         return EXIT_ERROR
 

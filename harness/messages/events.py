@@ -13,9 +13,9 @@ payloads were validated when their models were built).
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel
 
@@ -144,6 +144,9 @@ class TurnResult:
         }
 
 
+_T = TypeVar("_T")
+
+
 class _EventLike(Protocol):
     """An ``Event``, or the client's ``WireEvent``: what the turn helpers read."""
 
@@ -173,32 +176,34 @@ def finished_turn(
     return TurnResult(data["message_id"], data["reason"], data.get("answer", ""), data.get("error"))
 
 
+def with_queued(first: _T, events: AsyncIterable[_T]) -> Iterator[_T]:
+    """``first``, then the items already queued behind it when ``events`` is a memory
+    channel, taken without a trip through the scheduler each (``receive_nowait``): a step
+    publishes a dozen events or more, and each ``async for`` round was one. A closed
+    channel just ends this; the caller's ``async for`` then ends on its next round."""
+    import trio
+
+    yield first
+    if not isinstance(events, trio.MemoryReceiveChannel):
+        return
+    while True:
+        try:
+            yield events.receive_nowait()
+        except (trio.WouldBlock, trio.EndOfChannel):
+            return
+
+
 async def wait_turn_finished(
     events: AsyncIterable[_EventLike],
     *,
     message_id: str | None = None,
     session_id: str | None = None,
 ) -> TurnResult | None:
-    """Read ``events`` until a turn finishes (see ``finished_turn``); None if they end first.
-
-    From a channel, the events already queued are taken without a trip through the
-    scheduler each (``receive_nowait``): a step publishes a dozen or more, and each
-    ``async for`` round was one.
-    """
-    import trio
-
-    queued = events.receive_nowait if isinstance(events, trio.MemoryReceiveChannel) else None
-    async for event in events:
-        while True:
+    """Read ``events`` until a turn finishes (see ``finished_turn``); None if they end first."""
+    async for first in events:
+        for event in with_queued(first, events):
             result = finished_turn(event, message_id=message_id, session_id=session_id)
             if result is not None:
                 return result
-            if queued is None:
-                break
-            try:
-                event = queued()
-            except trio.WouldBlock:
-                break
-            except trio.EndOfChannel:
-                return None
+    return None
     return None
