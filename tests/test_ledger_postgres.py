@@ -99,18 +99,20 @@ async def test_each_feed_sees_every_ledgers_events_in_order_without_duplicates(
 async def test_a_lease_is_exclusive_until_it_lapses_then_taken_with_the_next_epoch(
     postgres_schema: str,
 ) -> None:
-    async with daemon(postgres_schema, lease_seconds=0.6) as a, daemon(
-        postgres_schema, lease_seconds=0.6
+    # 1.5 s, not shorter: on a loaded 2-core machine a keeper's renewal can come a few
+    # hundred ms late, and at 0.6 s that let b take a live lease (seen once in 4 runs).
+    async with daemon(postgres_schema, lease_seconds=1.5) as a, daemon(
+        postgres_schema, lease_seconds=1.5
     ) as b:
         await a.write([_created("ses_a")])
         epoch = await a.claim("ses_a")
         assert epoch == 1 and a.holds("ses_a")
         assert await b.claim("ses_a") is None  # held, and renewed by a's keeper
-        await trio.sleep(1.0)
+        await trio.sleep(2.0)
         assert await b.claim("ses_a") is None
         # a stops renewing (its process is as good as dead): b takes over after expiry.
         a._held.clear()
-        await trio.sleep(0.8)
+        await trio.sleep(1.8)
         taken = await b.claim("ses_a")
         assert taken == 2
         leased = [e for e in b.events_after(0) if e.type == "session.leased"]
