@@ -409,6 +409,26 @@ def print_survey(figures: dict[str, Any]) -> None:
 # --- the child: one embedded run, CPU measured inside -------------------------------------
 
 
+class Stamped:
+    """A provider, noting the process CPU in ``stamps`` when each request is made."""
+
+    def __init__(self, inner: Any, stamps: list[float]) -> None:
+        self._inner = inner
+        self._stamps = stamps
+        self.name = inner.name
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def stream(self, request: Any) -> Any:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        self._stamps.append(usage.ru_utime + usage.ru_stime)
+        return self._inner.stream(request)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
 def child(steps: int, base: Path, profile: Path | None, wire: str | None = None) -> None:
     """Run one turn of ``steps`` reads in this process; print the figures as JSON.
 
@@ -436,21 +456,6 @@ def child(steps: int, base: Path, profile: Path | None, wire: str | None = None)
     if os.environ.get("LOOP_PHASES"):
         phases = install_phase_probes(lambda: len(stamps))
 
-    class Stamped:
-        """The scripted provider, noting the process CPU when each request is made."""
-
-        def __init__(self, inner: Any) -> None:
-            self._inner = inner
-            self.name = inner.name
-
-        def stream(self, request: Any) -> Any:
-            usage = resource.getrusage(resource.RUSAGE_SELF)
-            stamps.append(usage.ru_utime + usage.ru_stime)
-            return self._inner.stream(request)
-
-        async def aclose(self) -> None:
-            await self._inner.aclose()
-
     model = f"scripted:{script}" if wire is None else WIRE_MODEL
     base_url = None if wire is None else f"{wire}/{secrets.token_hex(6)}/s{steps}"
     config = Config(
@@ -459,7 +464,7 @@ def child(steps: int, base: Path, profile: Path | None, wire: str | None = None)
         interactive=False,
         # A window no run here reaches: this measures a growing history, not compaction.
         model_limits={"scripted": (10_000_000, 4_096), WIRE_MODEL: (10_000_000, 4_096)},
-        provider_factory=lambda model: Stamped(create_provider(model, base_url=base_url)),  # type: ignore[arg-type,return-value]
+        provider_factory=lambda model: Stamped(create_provider(model, base_url=base_url), stamps),
     )
     outcome: dict[str, Any] = {}
 

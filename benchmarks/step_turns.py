@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import secrets
 import statistics
 import subprocess
@@ -28,7 +27,6 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -56,24 +54,6 @@ def turns_child(steps: int, turns: int, wire: str | None) -> None:
 
     stamps: list[float] = []
 
-    class Stamped:
-        """The provider, noting the process CPU when each request is made."""
-
-        def __init__(self, inner: Any) -> None:
-            self._inner = inner
-            self.name = inner.name
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self._inner, name)
-
-        def stream(self, request: Any) -> Any:
-            usage = resource.getrusage(resource.RUSAGE_SELF)
-            stamps.append(usage.ru_utime + usage.ru_stime)
-            return self._inner.stream(request)
-
-        async def aclose(self) -> None:
-            await self._inner.aclose()
-
     model = f"scripted:{script}" if wire is None else loop.WIRE_MODEL
     base_url = None if wire is None else f"{wire}/{secrets.token_hex(6)}/s{steps}"
     config = Config(
@@ -81,7 +61,7 @@ def turns_child(steps: int, turns: int, wire: str | None) -> None:
         model=model,
         interactive=False,
         model_limits={"scripted": (10_000_000, 4_096), loop.WIRE_MODEL: (10_000_000, 4_096)},
-        provider_factory=lambda name: Stamped(create_provider(name, base_url=base_url)),  # type: ignore[arg-type,return-value]
+        provider_factory=lambda m: loop.Stamped(create_provider(m, base_url=base_url), stamps),
     )
     rows: list[dict[str, float]] = []
 
