@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from harness.frontmatter import use_store as use_front_matter_store
     from harness.lean_imports import install as install_lean_imports
     from harness.logs import configure_logging
-    from harness.messages.events import Event, TurnResult, with_queued
+    from harness.messages.events import Event, EventLike, TurnResult, with_queued
     from harness.messages.ids import message_id as new_message_id
     from harness.messages.model import Rule
     from harness.messages.question import NO_TERMINAL
@@ -72,6 +72,7 @@ __all__ = [
     "ConfigFileError",
     "DaemonRunning",
     "Event",
+    "EventLike",
     "Harness",
     "HarnessError",
     "LedgerError",
@@ -139,6 +140,7 @@ _WHERE = {
     "agent_sources": ("harness.agent_files", "agent_sources"),
     "discover_skills": ("harness.skills", "discover"),
     "with_queued": ("harness.messages.events", "with_queued"),
+    "EventLike": ("harness.messages.events", "EventLike"),
     "project_catalog": ("harness.agent_files", "project_catalog"),
     "use_front_matter_store": ("harness.frontmatter", "use_store"),
     "SocketPathError": ("harness.config", "SocketPathError"),

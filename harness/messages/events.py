@@ -147,8 +147,8 @@ class TurnResult:
 _T = TypeVar("_T")
 
 
-class _EventLike(Protocol):
-    """An ``Event``, or the client's ``WireEvent``: what the turn helpers read."""
+class EventLike(Protocol):
+    """An ``Event``, or the client's ``WireEvent``: what the turn helpers and the chat read."""
 
     @property
     def type(self) -> str: ...
@@ -159,7 +159,7 @@ class _EventLike(Protocol):
 
 
 def finished_turn(
-    event: _EventLike, *, message_id: str | None = None, session_id: str | None = None
+    event: EventLike, *, message_id: str | None = None, session_id: str | None = None
 ) -> TurnResult | None:
     """The result when ``event`` is a ``turn.finished``, else None.
 
@@ -194,7 +194,7 @@ def with_queued(first: _T, events: AsyncIterable[_T]) -> Iterator[_T]:
 
 
 async def wait_turn_finished(
-    events: AsyncIterable[_EventLike],
+    events: AsyncIterable[EventLike],
     *,
     message_id: str | None = None,
     session_id: str | None = None,

@@ -21,24 +21,15 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from harness import EventLike
+
 if TYPE_CHECKING:
     from harness import Config, Harness
     from harness.client import Client, EventStream
 
 
-class ChatEvent(Protocol):
-    """What both kinds of event have: ``harness.Event`` and ``harness.client.WireEvent``."""
-
-    @property
-    def type(self) -> str: ...
-
-    @property
-    def session_id(self) -> str: ...
-
-    @property
-    def data(self) -> dict[str, Any]: ...
-
-
+# What both kinds of event have: ``harness.Event`` and ``harness.client.WireEvent``.
+ChatEvent = EventLike
 OnEvent = Callable[[ChatEvent], None]
 
 
