@@ -265,11 +265,11 @@ async def test_a_plain_http_client_makes_no_tls_context_and_https_through_it_is_
         await stream.aclose()
 
     try:
-        assert plain._transport._pool._ssl_context is None  # type: ignore[attr-defined]
-        full = secure._transport._pool._ssl_context  # type: ignore[attr-defined]
+        assert plain._transport._ssl_context is None  # type: ignore[attr-defined]
+        full = secure._transport._ssl_context  # type: ignore[attr-defined]
         assert full.cert_store_stats()["x509_ca"] > 0
         # Were an https URL to go through the plain client, its certificate is checked
-        # (httpcore's default context then): a self-signed server is refused.
+        # (the default verified context then): a self-signed server is refused.
         async with trio.open_nursery() as nursery:
             nursery.start_soon(accept_one)
             with pytest.raises(httpx.ConnectError) as refused:

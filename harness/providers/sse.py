@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import email.utils
-import functools
 import json
 import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 import trio
@@ -29,21 +28,7 @@ from harness.providers.errors import (
     ProviderError,
     RetryableError,
 )
-
-if TYPE_CHECKING:
-    import ssl  # imported by httpx when a context is made, and only then
-
-
-@functools.cache
-def shared_ssl_context() -> ssl.SSLContext:
-    """One TLS context for every provider client of the process.
-
-    httpx builds a context per client, loading the whole CA bundle into it: about 0.8 MB
-    of OpenSSL memory that tracemalloc does not see. A provider per session made that
-    ~0.86 MB per session a daemon ever ran (issue 12). The context holds no per-connection
-    state, so sharing it changes nothing else; ``trust_env`` as httpx's own default.
-    """
-    return httpx.create_ssl_context()
+from harness.providers.http11 import H11Transport, shared_ssl_context
 
 DONE = "[DONE]"
 
@@ -266,40 +251,22 @@ def error_for_transport(
 def new_client(
     url: str, timeout: httpx.Timeout, transport: httpx.AsyncBaseTransport | None
 ) -> httpx.AsyncClient:
-    """The provider's HTTP client, without TLS where no TLS can happen.
+    """The provider's HTTP client: httpx's ``AsyncClient`` over ``H11Transport``.
 
-    httpx loads the whole CA bundle into a TLS context when a client is made (about 30 ms
-    and 1.5 MB of start-up), and any context at all needs OpenSSL's ``ssl`` module (2.8
-    MB, ~10 ms): a plain ``http://`` server (a local model, a test server) needs neither,
-    since redirects are not followed. Its client gets ``PlainHTTPTransport``. A proxy
-    from the environment still gets httpx's own transport, verified as always.
+    The transport (``http11.py``) speaks HTTP/1.1 over Trio streams without httpcore's
+    pool and per-operation layers (issue 14). A plain ``http://`` server (a local model,
+    a test server) gets no TLS context at all: httpx loads the whole CA bundle into one
+    when a client is made (about 30 ms and 1.5 MB of start-up), and any context needs
+    OpenSSL's ``ssl`` module (2.8 MB, ~10 ms); redirects are not followed, so no https
+    URL can come of it. A proxy from the environment still gets httpx's own transport,
+    verified as always.
     """
     if url.startswith("http://"):
-        return httpx.AsyncClient(timeout=timeout, transport=transport or PlainHTTPTransport())
-    return httpx.AsyncClient(timeout=timeout, transport=transport, verify=shared_ssl_context())
-
-
-class PlainHTTPTransport(httpx.AsyncHTTPTransport):
-    """httpx's transport, its connection pool made without a TLS context: for ``http://``.
-
-    ``AsyncHTTPTransport.__init__`` always makes a context (importing ``ssl``); this one
-    builds the same pool as it would (httpx's default limits, HTTP/1.1) with none.
-    Should an ``https`` URL reach it anyway, httpcore would make its own default context
-    then, verifying certificates against certifi's CA bundle: nothing goes unchecked.
-    """
-
-    def __init__(self) -> None:  # no super().__init__(): that is what makes the context
-        import httpcore
-        from httpx._config import DEFAULT_LIMITS
-
-        self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=None,
-            max_connections=DEFAULT_LIMITS.max_connections,
-            max_keepalive_connections=DEFAULT_LIMITS.max_keepalive_connections,
-            keepalive_expiry=DEFAULT_LIMITS.keepalive_expiry,
-            http1=True,
-            http2=False,
-        )
+        return httpx.AsyncClient(timeout=timeout, transport=transport or H11Transport())
+    context = shared_ssl_context()
+    return httpx.AsyncClient(
+        timeout=timeout, transport=transport or H11Transport(context), verify=context
+    )
 
 
 class PostTemplate:

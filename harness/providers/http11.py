@@ -1,0 +1,363 @@
+"""The providers' HTTP/1.1 transport: h11 over Trio streams, under ``httpx.AsyncClient``.
+
+A provider client sends one request at a time to one server, step after step, over a
+kept-alive connection. httpx's own transport reaches the socket through httpcore's
+connection pool (a lock, a request queue and a shielded cancel scope per request), its
+connection, its HTTP/1.1 layer (another lock) and its network backend (a
+``@contextmanager`` timeout and an exception map around every read and write): about a
+sixth of a wire step's CPU (issue 14's profile). This transport keeps what matters of it
+and drops the layers:
+
+- the same wire: h11 (what httpcore uses) makes and parses every message, with the same
+  size limit on an incomplete event, so malformed responses fail as they did;
+- the same errors: httpx's exception types (``ConnectError``, ``ConnectTimeout``,
+  ``ReadTimeout``, ``WriteTimeout``, ``ReadError``, ``RemoteProtocolError``…), raised
+  where httpcore raised their httpcore twins, and the ``connect``/``read``/``write``
+  timeouts of each request (``pool`` never applies: a request never waits for a
+  connection, it opens one when none is idle);
+- the same keep-alive: idle connections per origin, dropped after ``keepalive_expiry``
+  seconds or when the server has closed them (the socket is readable while idle);
+- TLS: ``https`` through ``trio.SSLStream`` with the client's context (ALPN http/1.1, as
+  httpcore sets it), verified; a plain-http client given an https URL makes the default
+  verified context then (httpcore's behaviour too).
+
+Each read and write runs in one plain ``trio.CancelScope`` with the timeout as its
+deadline, and a response body is handed to httpx in the pieces the socket delivers (the
+events one read completes, joined), not one piece per chunk of the chunked encoding.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import h11
+import httpx
+import trio
+
+if TYPE_CHECKING:
+    import ssl  # imported by httpx when a context is made, and only then
+
+# httpcore's figures: a read's size and the largest incomplete event (a header block).
+READ_SIZE = 64 * 1024
+MAX_INCOMPLETE_EVENT_SIZE = 100 * 1024
+# httpx's default limits for keep-alive.
+KEEPALIVE_EXPIRY = 5.0
+MAX_IDLE = 20
+
+_Origin = tuple[bytes, str, int]
+
+
+@functools.cache
+def shared_ssl_context() -> ssl.SSLContext:
+    """One TLS context for every provider client of the process.
+
+    httpx builds a context per client, loading the whole CA bundle into it: about 0.8 MB
+    of OpenSSL memory that tracemalloc does not see. A provider per session made that
+    ~0.86 MB per session a daemon ever ran (issue 12). The context holds no per-connection
+    state, so sharing it changes nothing else; ``trust_env`` as httpx's own default.
+    """
+    return httpx.create_ssl_context()
+
+
+def _deadline(timeout: float | None) -> float:
+    return math.inf if timeout is None else trio.current_time() + timeout
+
+
+class _Connection:
+    """One socket (TLS or not) and the h11 state of the exchange on it."""
+
+    __slots__ = ("expires", "h11", "origin", "socket", "stream")
+
+    def __init__(self, origin: _Origin, stream: trio.abc.Stream, socket: Any) -> None:
+        self.origin = origin
+        self.stream = stream
+        self.socket = socket  # the trio socket under the stream (TLS or not): idle checks
+        self.h11 = h11.Connection(
+            our_role=h11.CLIENT, max_incomplete_event_size=MAX_INCOMPLETE_EVENT_SIZE
+        )
+        self.expires = 0.0
+
+    async def write(self, data: bytes, seconds: float | None) -> None:
+        with trio.CancelScope(deadline=_deadline(seconds)) as scope:
+            try:
+                await self.stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                raise httpx.WriteError(str(exc) or type(exc).__name__) from exc
+        if scope.cancelled_caught:
+            raise httpx.WriteTimeout("timed out writing the request")
+
+    async def read(self, seconds: float | None) -> bytes:
+        with trio.CancelScope(deadline=_deadline(seconds)) as scope:
+            try:
+                data = await self.stream.receive_some(READ_SIZE)
+                return data if type(data) is bytes else bytes(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
+        if scope.cancelled_caught:
+            raise httpx.ReadTimeout("timed out reading the response")
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def next_event(self) -> Any:
+        try:
+            return self.h11.next_event()
+        except h11.RemoteProtocolError as exc:
+            raise httpx.RemoteProtocolError(str(exc)) from exc
+
+    def reusable(self) -> bool:
+        """Whether the exchange ended cleanly on both sides, so the socket may carry another."""
+        return self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE
+
+    async def close(self) -> None:
+        """Close at once (no TLS close_notify wait), whatever the cancellation state."""
+        await trio.aclose_forcefully(self.stream)
+
+
+class H11Transport(httpx.AsyncBaseTransport):
+    """HTTP/1.1 for one provider client: see the module docstring."""
+
+    def __init__(
+        self,
+        ssl_context: ssl.SSLContext | None = None,
+        *,
+        keepalive_expiry: float = KEEPALIVE_EXPIRY,
+        max_idle: int = MAX_IDLE,
+    ) -> None:
+        self._ssl_context = ssl_context
+        self._keepalive_expiry = keepalive_expiry
+        self._max_idle = max_idle
+        self._idle: list[_Connection] = []
+        self._closed = False
+
+    # --- the request -----------------------------------------------------------------
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self._closed:
+            raise RuntimeError("the transport has been closed")
+        url = request.url
+        scheme = url.raw_scheme
+        if scheme == b"https":
+            default_port = 443
+        elif scheme == b"http":
+            default_port = 80
+        else:
+            raise httpx.UnsupportedProtocol(
+                f"the URL's scheme must be 'http' or 'https', not {url.scheme!r}"
+            )
+        if not url.raw_host:
+            raise httpx.UnsupportedProtocol("the URL has no host")
+        origin: _Origin = (scheme, url.raw_host.decode("ascii"), url.port or default_port)
+        timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
+        connection = self._take_idle(origin)
+        if connection is None:
+            connection = await self._connect(origin, timeouts.get("connect"), request)
+        try:
+            return await self._exchange(connection, request, timeouts)
+        except BaseException:
+            await connection.close()
+            raise
+
+    async def _exchange(
+        self, connection: _Connection, request: httpx.Request, timeouts: dict[str, float | None]
+    ) -> httpx.Response:
+        state = connection.h11
+        try:
+            head = state.send(
+                h11.Request(
+                    method=request.method, target=request.url.raw_path, headers=request.headers.raw
+                )
+            )
+        except h11.LocalProtocolError as exc:
+            raise httpx.LocalProtocolError(str(exc)) from exc
+        write_timeout = timeouts.get("write")
+        try:
+            content: bytes | None = request.content
+        except httpx.RequestNotRead:  # a streamed body
+            content = None
+        try:
+            if content is not None:  # a body in memory: one write for the whole message
+                data = head or b""
+                if content:
+                    data += state.send(h11.Data(data=content)) or b""
+                data += state.send(h11.EndOfMessage()) or b""
+                await connection.write(data, write_timeout)
+            else:
+                await connection.write(head or b"", write_timeout)
+                async for part in request.stream:  # type: ignore[union-attr]
+                    if part:
+                        data = state.send(h11.Data(data=part)) or b""
+                        await connection.write(data, write_timeout)
+                await connection.write(state.send(h11.EndOfMessage()) or b"", write_timeout)
+        except httpx.WriteError:
+            # As httpcore: a server may close its side early and still answer (an error
+            # status for a body it will not take), so the answer is read all the same.
+            pass
+        except h11.LocalProtocolError as exc:  # a body longer or shorter than declared
+            raise httpx.LocalProtocolError(str(exc)) from exc
+        read_timeout = timeouts.get("read")
+        while True:
+            event = connection.next_event()
+            if event is h11.NEED_DATA:
+                received = await connection.read(read_timeout)
+                if not received and state.their_state is h11.SEND_RESPONSE:
+                    raise httpx.RemoteProtocolError(
+                        "Server disconnected without sending a response."
+                    )
+                state.receive_data(received)
+                continue
+            if isinstance(event, h11.Response):
+                break
+            if isinstance(event, h11.InformationalResponse):
+                if event.status_code == 101:
+                    raise httpx.RemoteProtocolError("the server switched protocols (101)")
+                continue  # 100 Continue and friends: the answer is still to come
+            raise httpx.RemoteProtocolError(f"unexpected {type(event).__name__} before a response")
+        return httpx.Response(
+            status_code=event.status_code,
+            headers=event.headers.raw_items(),
+            stream=_ResponseBody(self, connection, read_timeout),
+            extensions={
+                "http_version": b"HTTP/" + event.http_version,
+                "reason_phrase": event.reason,
+            },
+        )
+
+    # --- connections -----------------------------------------------------------------
+
+    def _take_idle(self, origin: _Origin) -> _Connection | None:
+        now = time.monotonic()
+        idle = self._idle
+        for index in range(len(idle) - 1, -1, -1):
+            connection = idle[index]
+            if connection.origin != origin:
+                continue
+            del idle[index]
+            # Readable while idle: the server closed it (or sent what it should not have).
+            if connection.expires < now or connection.socket.is_readable():
+                connection.socket.close()  # no TLS goodbye owed to a peer that left
+                continue
+            return connection
+        return None
+
+    async def _connect(
+        self, origin: _Origin, seconds: float | None, request: httpx.Request
+    ) -> _Connection:
+        scheme, host, port = origin
+        with trio.CancelScope(deadline=_deadline(seconds)) as scope:
+            try:
+                tcp = await trio.open_tcp_stream(host, port)
+            except OSError as exc:
+                raise httpx.ConnectError(str(exc) or type(exc).__name__) from exc
+        if scope.cancelled_caught:
+            raise httpx.ConnectTimeout(f"timed out connecting to {host}:{port}")
+        if scheme != b"https":
+            return _Connection(origin, tcp, tcp.socket)
+        context = self._ssl_context
+        if context is None:
+            context = self._ssl_context = shared_ssl_context()
+        context.set_alpn_protocols(["http/1.1"])
+        sni = request.extensions.get("sni_hostname")
+        tls = trio.SSLStream(
+            tcp, context, server_hostname=sni or host, https_compatible=True
+        )
+        try:
+            with trio.CancelScope(deadline=_deadline(seconds)) as scope:
+                try:
+                    await tls.do_handshake()
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    # The ssl.SSLError (a failed verification…) is its cause.
+                    raise httpx.ConnectError(str(exc.__cause__ or exc)) from exc
+            if scope.cancelled_caught:
+                raise httpx.ConnectTimeout(f"timed out in the TLS handshake with {host}:{port}")
+        except BaseException:
+            await trio.aclose_forcefully(tcp)
+            raise
+        return _Connection(origin, tls, tcp.socket)
+
+    async def _release(self, connection: _Connection) -> None:
+        if self._closed or not connection.reusable() or len(self._idle) >= self._max_idle:
+            await connection.close()
+            return
+        connection.h11.start_next_cycle()
+        connection.expires = time.monotonic() + self._keepalive_expiry
+        self._idle.append(connection)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            await connection.close()
+
+
+class _ResponseBody(httpx.AsyncByteStream):
+    """A response's body: what each read completes, as one piece; the connection on close.
+
+    An iterator rather than an async generator: a generator suspended mid-body would be
+    finalized later by the event loop, and every generator level costs each suspension.
+    """
+
+    __slots__ = ("_connection", "_done", "_released", "_timeout", "_transport")
+
+    def __init__(
+        self, transport: H11Transport, connection: _Connection, timeout: float | None
+    ) -> None:
+        self._transport = transport
+        self._connection = connection
+        self._timeout = timeout
+        self._done = False
+        self._released = False
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._done or self._released:
+            raise StopAsyncIteration
+        connection = self._connection
+        pieces: list[bytes] = []
+        try:
+            while True:
+                event = connection.next_event()
+                if type(event) is h11.Data:
+                    pieces.append(event.data)
+                    continue
+                if event is h11.NEED_DATA:
+                    if pieces:
+                        break
+                    connection.h11.receive_data(await connection.read(self._timeout))
+                    continue
+                # EndOfMessage, or PAUSED (the server's side is done; nothing else to read).
+                self._done = True
+                if not pieces:
+                    raise StopAsyncIteration
+                break
+        except StopAsyncIteration:
+            raise
+        except BaseException:
+            self._released = True
+            await connection.close()
+            raise
+        return b"".join(pieces)  # h11 hands out bytearrays: bytes, as httpx promises
+
+    async def aclose(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        connection = self._connection
+        if not self._done:
+            # A reader that stopped early may have left only what is already received
+            # (the end of a chunked body): take it without waiting, to keep the socket.
+            try:
+                while True:
+                    event = connection.next_event()
+                    if type(event) is not h11.Data:
+                        break
+            except httpx.RemoteProtocolError:
+                event = None
+            if type(event) is not h11.EndOfMessage:
+                await connection.close()
+                return
+        await self._transport._release(connection)
