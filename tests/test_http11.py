@@ -1,0 +1,306 @@
+"""The providers' HTTP/1.1 transport (``harness.providers.http11``), against real sockets.
+
+Each server here is a real Trio TCP (or TLS) server in the test's own loop, answering
+with raw bytes, so the transport's keep-alive, timeouts, TLS and error mapping are seen
+exactly as a provider sees them: through ``httpx.AsyncClient.send``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import ssl
+import subprocess
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+from wire_server import Reply, chunk, wire_server
+
+from harness.messages.provider import ProviderRequest, TextDelta, UserTurn
+from harness.providers.errors import RetryableError
+from harness.providers.http11 import H11Transport
+from harness.providers.mistral import MistralProvider
+from harness.providers.openai import OpenAIProvider
+
+OK = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+
+Handler = Callable[[trio.abc.Stream], Awaitable[None]]
+
+
+async def read_head(stream: trio.abc.Stream, buffer: bytearray) -> bytes:
+    """One request's head (and its body when Content-Length says so); b"" at EOF."""
+    while b"\r\n\r\n" not in buffer:
+        more = await stream.receive_some(65536)
+        if not more:
+            return b""
+        buffer += more
+    head, _, rest = bytes(buffer).partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    while len(rest) < length:
+        more = await stream.receive_some(65536)
+        if not more:
+            return b""
+        rest += more
+    buffer[:] = rest[length:]
+    return head + b"\r\n\r\n" + rest[:length]
+
+
+@contextlib.asynccontextmanager
+async def serve(
+    handler: Handler, tls: ssl.SSLContext | None = None
+) -> AsyncIterator[tuple[str, list[int]]]:
+    """Serve ``handler`` on 127.0.0.1; yields the root URL and the accepted connections."""
+    accepted: list[int] = []
+
+    async def counted(stream: trio.abc.Stream) -> None:
+        accepted.append(1)
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await handler(stream)
+
+    async with trio.open_nursery() as nursery:
+        if tls is None:
+            listeners = await nursery.start(
+                functools.partial(trio.serve_tcp, counted, 0, host="127.0.0.1")
+            )
+            port = listeners[0].socket.getsockname()[1]
+            root = f"http://127.0.0.1:{port}"
+        else:
+            listeners = await nursery.start(
+                functools.partial(trio.serve_ssl_over_tcp, counted, 0, tls, host="127.0.0.1")
+            )
+            port = listeners[0].transport_listener.socket.getsockname()[1]
+            root = f"https://127.0.0.1:{port}"
+        yield root, accepted
+        nursery.cancel_scope.cancel()
+
+
+async def answer_each(stream: trio.abc.Stream) -> None:
+    """Keep-alive: answer every request on the connection with ``OK``."""
+    buffer = bytearray()
+    while await read_head(stream, buffer):
+        await stream.send_all(OK)
+
+
+def self_signed(tmp_path: Path) -> tuple[ssl.SSLContext, Path]:
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-days", "1", "-keyout", str(key),
+         "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    return context, cert
+
+
+def client(transport: H11Transport, **timeouts: float) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(5.0, **timeouts))
+
+
+async def test_requests_share_one_kept_alive_connection() -> None:
+    async with serve(answer_each) as (root, accepted), client(H11Transport()) as http:
+        for _ in range(3):
+            reply = await http.get(f"{root}/x")
+            assert (reply.status_code, reply.text, reply.http_version) == (
+                200,
+                "ok",
+                "HTTP/1.1",
+            )
+    assert len(accepted) == 1
+
+
+async def test_tls_is_verified_and_kept_alive(tmp_path: Path) -> None:
+    server_context, cert = self_signed(tmp_path)
+    async with serve(answer_each, tls=server_context) as (root, accepted):
+        trusted = ssl.create_default_context(cafile=cert)
+        async with client(H11Transport(trusted)) as http:
+            assert (await http.get(f"{root}/a")).text == "ok"
+            assert (await http.get(f"{root}/b")).text == "ok"
+        assert len(accepted) == 1
+        # The default context (certifi's CAs) does not vouch for this certificate.
+        async with client(H11Transport()) as http:
+            with pytest.raises(httpx.ConnectError) as refused:
+                await http.get(f"{root}/c")
+    causes: list[BaseException] = []
+    error: BaseException | None = refused.value
+    while error is not None:
+        causes.append(error)
+        error = error.__cause__ or error.__context__
+    assert any(isinstance(c, ssl.SSLCertVerificationError) for c in causes), causes
+
+
+async def test_a_connection_the_server_closed_while_idle_is_not_reused() -> None:
+    async def answer_then_leave(stream: trio.abc.Stream) -> None:
+        await read_head(stream, bytearray())
+        await stream.send_all(OK)  # no "connection: close", and yet it goes
+        await stream.aclose()
+
+    async with serve(answer_then_leave) as (root, accepted), client(H11Transport()) as http:
+        assert (await http.get(f"{root}/1")).text == "ok"
+        await trio.sleep(0.05)  # the server's FIN arrives
+        assert (await http.get(f"{root}/2")).text == "ok"
+    assert len(accepted) == 2
+
+
+async def test_an_expired_idle_connection_is_replaced() -> None:
+    short = client(H11Transport(keepalive_expiry=0.0))
+    async with serve(answer_each) as (root, accepted), short as http:
+        assert (await http.get(f"{root}/1")).text == "ok"
+        await trio.sleep(0.01)
+        assert (await http.get(f"{root}/2")).text == "ok"
+    assert len(accepted) == 2
+
+
+async def test_connection_close_is_honoured() -> None:
+    closing = wire_server(Reply(body="a"), Reply(body="b"))
+    async with closing as server, client(H11Transport()) as http:
+        assert (await http.post(f"{server.url}/x", content=b"1")).text == "a"
+        assert (await http.post(f"{server.url}/x", content=b"2")).text == "b"
+    assert server.connections == 2
+    assert [r.body for r in server.requests] == [b"1", b"2"]
+
+
+async def test_a_streamed_request_body_arrives_whole() -> None:
+    async def parts() -> AsyncIterator[bytes]:
+        for part in (b"one ", b"", b"two ", b"three"):
+            yield part
+
+    kept = wire_server(Reply(body="got"), keep_alive=True)
+    async with kept as server, client(H11Transport()) as http:
+        reply = await http.post(f"{server.url}/x", content=parts())
+    assert reply.text == "got"
+    assert server.requests[0].body == b"one two three"
+    assert server.requests[0].headers["transfer-encoding"] == "chunked"
+
+
+async def test_read_timeout_while_waiting_for_the_response() -> None:
+    async def silent(stream: trio.abc.Stream) -> None:
+        await read_head(stream, bytearray())
+        await trio.sleep_forever()
+
+    async with serve(silent) as (root, _), client(H11Transport(), read=0.2) as http:
+        start = trio.current_time()
+        with pytest.raises(httpx.ReadTimeout):
+            await http.get(f"{root}/")
+        assert trio.current_time() - start < 2
+
+
+async def test_read_timeout_in_the_middle_of_a_body() -> None:
+    async def stalls(stream: trio.abc.Stream) -> None:
+        await read_head(stream, bytearray())
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n")
+        await trio.sleep_forever()
+
+    async with serve(stalls) as (root, accepted), client(H11Transport(), read=0.2) as http:
+        async with http.stream("GET", f"{root}/") as reply:
+            got = []
+            with pytest.raises(httpx.ReadTimeout):
+                async for piece in reply.aiter_raw():
+                    got.append(piece)
+        assert got == [b"abc"]
+        # The broken connection was dropped, not pooled: the next request opens one.
+        with pytest.raises(httpx.ReadTimeout):
+            await http.get(f"{root}/")
+    assert len(accepted) == 2
+
+
+async def test_a_tls_handshake_that_never_comes_is_a_connect_timeout() -> None:
+    async def mute(stream: trio.abc.Stream) -> None:
+        await trio.sleep_forever()
+
+    async with serve(mute) as (root, _):
+        url = root.replace("http://", "https://")
+        async with client(H11Transport(), connect=0.2) as http:
+            with pytest.raises(httpx.ConnectTimeout):
+                await http.get(url)
+
+
+@pytest.mark.parametrize(
+    ("reply", "message"),
+    [
+        (b"", "Server disconnected without sending a response"),
+        (b"SPDY/9 nonsense\r\n\r\n", None),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort", None),
+    ],
+    ids=["closed", "garbage", "cut-body"],
+)
+async def test_a_broken_response_is_a_protocol_error(reply: bytes, message: str | None) -> None:
+    async def broken(stream: trio.abc.Stream) -> None:
+        await read_head(stream, bytearray())
+        if reply:
+            await stream.send_all(reply)
+        await stream.aclose()
+
+    async with serve(broken) as (root, _), client(H11Transport()) as http:
+        with pytest.raises(httpx.RemoteProtocolError, match=message):
+            await (await http.get(f"{root}/")).aread()
+
+
+async def test_connection_refused_is_a_connect_error() -> None:
+    listener = trio.socket.socket()
+    await listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    listener.close()
+    async with client(H11Transport()) as http:
+        with pytest.raises(httpx.ConnectError):
+            await http.get(f"http://127.0.0.1:{port}/")
+
+
+async def test_an_unsupported_scheme_is_refused_before_connecting() -> None:
+    async with client(H11Transport()) as http:
+        with pytest.raises(httpx.UnsupportedProtocol):
+            await http.get("ftp://127.0.0.1/x")
+
+
+@pytest.mark.parametrize("kind", ["mistral", "openai"])
+async def test_a_provider_turn_over_tls_through_the_transport(tmp_path: Path, kind: str) -> None:
+    """Both providers stream over TLS with their own transport, one connection for two replies."""
+    server_context, cert = self_signed(tmp_path)
+    events = [chunk("hello"), chunk(" world", finish="stop")]
+    body = b"".join(
+        b"data: %s\n\n" % httpx.Response(200, json=e).content for e in events
+    ) + b"data: [DONE]\n\n"
+    sse = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+
+    async def sse_each(stream: trio.abc.Stream) -> None:
+        buffer = bytearray()
+        while await read_head(stream, buffer):
+            await stream.send_all(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                b"transfer-encoding: chunked\r\n\r\n" + sse
+            )
+
+    async with serve(sse_each, tls=server_context) as (root, accepted):
+        transport = H11Transport(ssl.create_default_context(cafile=cert))
+        provider: MistralProvider | OpenAIProvider
+        if kind == "mistral":
+            provider = MistralProvider("m", api_key="k", base_url=root, transport=transport)
+        else:
+            provider = OpenAIProvider("m", base_url=root, transport=transport)
+        request = ProviderRequest("m", ("system",), (UserTurn("hi"),), ())
+        for _ in range(2):
+            async with provider.stream(request) as stream:
+                texts = [e for e in [x async for x in stream] if isinstance(e, TextDelta)]
+            assert texts == [TextDelta("hello"), TextDelta(" world")]
+        await provider.aclose()
+    assert len(accepted) == 1
+
+
+async def test_a_provider_read_timeout_is_retryable() -> None:
+    async with wire_server(Reply(events=[chunk("a")], hang=True)) as server:
+        provider = MistralProvider("m", api_key="k", base_url=server.url)
+        provider._client.timeout = httpx.Timeout(5.0, read=0.2)
+        request = ProviderRequest("m", (), (UserTurn("hi"),), ())
+        with pytest.raises(RetryableError, match="connection failed"):
+            async with provider.stream(request) as stream:
+                async for _ in stream:
+                    pass
+        await provider.aclose()
