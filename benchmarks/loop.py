@@ -284,6 +284,9 @@ PHASES = {
         ("harness.providers.mistral", "_parse_chunk", None),
     ],
     "ledger writes": [("harness.storage.ledger", "Ledger", "_commit")],
+    # Not a function: the cyclic collector's own CPU (``gc.callbacks``), whichever phase it
+    # interrupted (so it is counted there too; "everything else" subtracts it once).
+    "cyclic GC": [],
 }
 
 
@@ -313,6 +316,21 @@ def install_phase_probes(step_of: Any) -> dict[str, list[float]]:
 
         return timed
 
+    import gc
+
+    collecting: list[float] = []
+    gc_record = totals["cyclic GC"]
+
+    def on_gc(stage: str, info: dict[str, Any]) -> None:
+        if stage == "start":
+            collecting.append(time.thread_time())
+        elif collecting:
+            step = step_of()
+            while len(gc_record) <= step:
+                gc_record.append(0.0)
+            gc_record[step] += time.thread_time() - collecting.pop()
+
+    gc.callbacks.append(on_gc)
     for phase, targets in PHASES.items():
         for module_name, owner, attribute in targets:
             try:
@@ -373,7 +391,9 @@ def survey(runs: int) -> dict[str, Any]:
                         if phase == "whole step":
                             per_run.append(whole)
                         elif phase == "everything else":
-                            # The ledger thread's CPU is inside ``whole`` (all threads).
+                            # The ledger thread's CPU is inside ``whole`` (all threads). A
+                            # collection inside a probed function is in both its phase
+                            # and "cyclic GC": an upper bound for each, a floor here.
                             per_run.append(whole - sum(measured.values()))
                         else:
                             per_run.append(measured[phase])
@@ -452,6 +472,16 @@ def child(steps: int, base: Path, profile: Path | None, wire: str | None = None)
         import harness.providers.mistral  # noqa: F401
 
     stamps: list[float] = []
+    collector = os.environ.get("LOOP_GC", "on")
+    if collector != "on":
+        import gc
+
+        # "freeze": as ``harness run`` does after start-up (commands/base.py), so that
+        # full collections skip what start-up made; "off": no cyclic collector at all.
+        if collector == "freeze":
+            gc.freeze()
+        else:
+            gc.disable()
     phases: dict[str, list[float]] | None = None
     if os.environ.get("LOOP_PHASES"):
         phases = install_phase_probes(lambda: len(stamps))
@@ -968,6 +998,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--phases", action="store_true", help="CPU of each step phase at 20 and 200 steps"
     )
+    parser.add_argument(
+        "--gc",
+        choices=("on", "freeze", "off"),
+        default="on",
+        help="the embedded runs' cyclic collector: as is, start-up frozen, or off",
+    )
     parser.add_argument("--child", nargs=2, metavar=("STEPS", "DIR"), help=argparse.SUPPRESS)
     parser.add_argument(
         "--path", choices=PATHS, action="append", help="measure only this path (repeatable)"
@@ -985,6 +1021,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     _use_project_venv()
     compile_harness()
+    os.environ["LOOP_GC"] = args.gc  # read by the child runs
     if args.profile is not None:
         profile(args.profile, args.top, (args.path or ["scripted"])[0])
         return 0

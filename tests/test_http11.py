@@ -14,6 +14,7 @@ import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+import h11
 import httpx
 import pytest
 import trio
@@ -304,3 +305,39 @@ async def test_a_provider_read_timeout_is_retryable() -> None:
                 async for _ in stream:
                     pass
         await provider.aclose()
+
+
+def test_checked_headers_are_what_h11_makes_and_bad_ones_still_fail() -> None:
+    from harness.providers.http11 import _CheckedHeaders
+
+    checked = _CheckedHeaders()
+    base = [(b"Host", b"example.org"), (b"Authorization", b"Bearer k")]
+    for length in (b"10", b"12345", b"7"):
+        raw = [*base, (b"Content-Length", length)]
+        mine = h11.Request(method=b"POST", target=b"/v1", headers=checked.headers(raw))
+        theirs = h11.Request(method=b"POST", target=b"/v1", headers=raw)
+        assert mine.headers.raw_items() == theirs.headers.raw_items()
+        assert list(mine.headers) == list(theirs.headers)
+    # A length that is not digits, or a new header set with a bad value, goes to h11.
+    with pytest.raises(h11.LocalProtocolError):
+        h11.Request(
+            method=b"POST",
+            target=b"/",
+            headers=checked.headers([*base, (b"Content-Length", b"1, 2")]),
+        )
+    with pytest.raises(h11.LocalProtocolError):
+        bad = [(b"Host", b"example.org"), (b"X", b"a\nb"), (b"Content-Length", b"3")]
+        h11.Request(method=b"POST", target=b"/", headers=checked.headers(bad))
+
+
+async def test_bodies_of_every_size_arrive_whole_on_one_connection() -> None:
+    bodies = [b"", b"x" * 10, b"y" * 40_000, b"z" * 300_000, b"w" * 5]
+    served = wire_server(*[Reply(body="ok") for _ in bodies], keep_alive=True)
+    async with served as server, client(H11Transport()) as http:
+        for body in bodies:
+            assert (await http.post(f"{server.url}/x", content=body)).text == "ok"
+    assert [r.body for r in server.requests] == bodies
+    assert [r.headers["content-length"] for r in server.requests] == [
+        str(len(b)) for b in bodies
+    ]
+    assert server.connections == 1

@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 # httpcore's figures: a read's size and the largest incomplete event (a header block).
 READ_SIZE = 64 * 1024
 MAX_INCOMPLETE_EVENT_SIZE = 100 * 1024
+# A body up to this size is sent in one write with the head, a longer one after it.
+JOIN_LIMIT = 32 * 1024
 # httpx's default limits for keep-alive.
 KEEPALIVE_EXPIRY = 5.0
 MAX_IDLE = 20
@@ -131,6 +133,7 @@ class H11Transport(httpx.AsyncBaseTransport):
         self._max_idle = max_idle
         self._idle: list[_Connection] = []
         self._closed = False
+        self._heads = _CheckedHeaders()
 
     # --- the request -----------------------------------------------------------------
 
@@ -167,7 +170,9 @@ class H11Transport(httpx.AsyncBaseTransport):
         try:
             head = state.send(
                 h11.Request(
-                    method=request.method, target=request.url.raw_path, headers=request.headers.raw
+                    method=request.method,
+                    target=request.url.raw_path,
+                    headers=self._heads.headers(request.headers.raw),
                 )
             )
         except h11.LocalProtocolError as exc:
@@ -178,10 +183,16 @@ class H11Transport(httpx.AsyncBaseTransport):
         except httpx.RequestNotRead:  # a streamed body
             content = None
         try:
-            if content is not None:  # a body in memory: one write for the whole message
+            if content is not None:  # a body in memory
                 data = head or b""
                 if content:
-                    data += state.send(h11.Data(data=content)) or b""
+                    # h11 passes a Content-Length body through as it is (no framing).
+                    framed = state.send(h11.Data(data=content)) or b""
+                    if len(framed) <= JOIN_LIMIT:
+                        data += framed  # one write for the whole message
+                    else:  # a long history: a copy of it costs more than a second write
+                        await connection.write(data, write_timeout)
+                        data = framed
                 data += state.send(h11.EndOfMessage()) or b""
                 await connection.write(data, write_timeout)
             else:
@@ -290,6 +301,49 @@ class H11Transport(httpx.AsyncBaseTransport):
         idle, self._idle = self._idle, []
         for connection in idle:
             await connection.close()
+
+
+class _CheckedHeaders:
+    """h11's validation of a request's headers, done once per set of headers.
+
+    ``h11.Request`` checks every header name and value against its grammar (~20 µs for a
+    provider's seven headers), and a provider client sends the same headers with every
+    request but for Content-Length. The checked form (h11's ``Headers``) is kept by the
+    headers' exact bytes, Content-Length's value left out, and reused with the new
+    length, itself checked to be digits (h11's own rule for it): what h11 is given is what
+    it would have made. ``h11.Request`` still checks Host, the method and the target.
+    """
+
+    __slots__ = ("_checked",)
+
+    LIMIT = 16  # sets of headers kept; a provider client has one or two
+
+    def __init__(self) -> None:
+        self._checked: dict[tuple[tuple[bytes, bytes], ...], tuple[Any, int]] = {}
+
+    def headers(self, raw: list[tuple[bytes, bytes]]) -> Any:
+        at = -1
+        length = b""
+        for index, (name, value) in enumerate(raw):
+            if len(name) == 14 and name.lower() == b"content-length":
+                if at >= 0:
+                    return raw  # two of them: h11 decides what that means
+                at, length = index, value
+        if at < 0 or not length.isdigit():
+            return raw
+        key = (*raw[:at], (raw[at][0], b""), *raw[at + 1 :])
+        cached = self._checked.get(key)
+        if cached is None:
+            checked = h11.Request(method=b"GET", target=b"/", headers=raw).headers
+            if len(self._checked) >= self.LIMIT:
+                self._checked.clear()
+            self._checked[key] = (checked, at)
+            return checked
+        template, at = cached
+        items = list(zip(template.raw_items(), template, strict=True))
+        full = [(raw_name, name, value) for (raw_name, value), (name, _) in items]
+        full[at] = (full[at][0], b"content-length", length)
+        return type(template)(full)
 
 
 class _ResponseBody(httpx.AsyncByteStream):
