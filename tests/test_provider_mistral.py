@@ -519,3 +519,36 @@ def test_the_unset_sentinel_is_its_own_copy_and_chunks_still_validate() -> None:
     assert parsed.choices[0].delta.content == "x"
     assert parsed.choices[0].delta.tool_calls is UNSET
     assert "tool_calls" not in parsed.model_dump(by_alias=True)["choices"][0]["delta"]
+
+
+_NO_COPIES = """
+from harness.providers import mistral  # first, as a run does: the SDK's models only
+from mistralai.client.types import UNSET
+copies = []
+def counted(value, memo):
+    copies.append(1)
+    return value
+type(UNSET).__deepcopy__ = counted  # whoever copies the sentinel is counted
+model = mistral.chunk_model()  # built after the provider's import, as in a run
+parsed = model.model_validate_json(
+    '{"id": "c", "model": "m", "choices": [{"index": 0, "delta": {"role": "assistant",'
+    ' "tool_calls": [{"id": "abcdefghi", "function": {"name": "read", "arguments": "{}"}}]},'
+    ' "finish_reason": "tool_calls"}], "usage": {"prompt_tokens": 3, "completion_tokens": 1,'
+    ' "total_tokens": 4}}'
+)
+assert parsed.choices[0].delta.content is UNSET and parsed.usage.prompt_tokens == 3
+assert type(UNSET)() == UNSET and hash(type(UNSET)()) == hash(UNSET)
+print(len(copies))
+"""
+
+
+def test_validating_a_chunk_copies_no_default() -> None:
+    """The SDK's ``UNSET`` defaults are taken as they are, not deep-copied per chunk."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_COPIES], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0"
