@@ -134,10 +134,17 @@ async def aiter_sse_data(chunks: AsyncIterable[bytes]) -> AsyncGenerator[str, No
 
 
 def sse_data(response: httpx.Response) -> AsyncGenerator[str, None]:
-    # The raw body skips httpx's decoder and re-chunker when there is nothing to decode.
+    """The ``data`` payloads of a streamed response (``open_stream`` closes it).
+
+    With nothing to decode, the body is read from ``response.stream`` itself, the
+    transport's pieces as they come: ``aiter_raw`` would only add a generator, a context
+    manager and a re-chunker per piece around the same bytes (its one other effect, the
+    request attached to a transport error, is not used by the providers' errors).
+    """
     identity = response.headers.get("content-encoding", "identity").strip().lower()
-    if identity == "identity":
-        return aiter_sse_data(response.aiter_raw())
+    stream = response.stream
+    if identity == "identity" and isinstance(stream, httpx.AsyncByteStream):
+        return aiter_sse_data(stream)
     return aiter_sse_data(response.aiter_bytes())
 
 
