@@ -479,6 +479,19 @@ def test_requests_made_from_the_template_are_the_ones_the_client_builds(provider
     ).headers.raw
 
 
+def test_template_requests_of_any_body_match_the_client_and_carry_their_body() -> None:
+    client = httpx.AsyncClient()
+    url = "https://api.example.org/v1/chat/completions?x=1"
+    headers = {"Authorization": "Bearer k", "Accept": "text/event-stream"}
+    template = PostTemplate(client, url, headers)
+    for body in (b"[1]", b"", b"y" * 100_000, b"", "é ✓".encode()):
+        made = template.request(body)
+        built = client.build_request("POST", url, headers=headers, content=body)
+        assert made.headers.raw == built.headers.raw, body[:10]
+        assert made.url == built.url and made.content == body
+        assert b"".join(made.stream) == body  # type: ignore[arg-type]
+
+
 async def test_a_cookie_the_server_sets_comes_back_on_the_next_step(
     tmp_path: Path, project: Path
 ) -> None:

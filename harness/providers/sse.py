@@ -319,9 +319,14 @@ class PostTemplate:
     later ones are made from its URL, headers and extensions, which gives the same request
     (headers in the same order). While the client holds a cookie a server set, the client
     builds each request as before, so the cookie is sent back.
+
+    A request with a body is made from the raw headers as well, Content-Length appended
+    where httpx puts it, with the body as its stream, then read: the same request without
+    httpx merging the headers again (``_prepare``: 24 -> 8 µs; an empty body takes the
+    longer way, where httpx puts its Content-Length elsewhere).
     """
 
-    __slots__ = ("_extensions", "_headers", "_url", "client", "headers", "url")
+    __slots__ = ("_extensions", "_headers", "_raw", "_url", "client", "headers", "url")
 
     def __init__(self, client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> None:
         self.client = client
@@ -329,6 +334,7 @@ class PostTemplate:
         self.headers = headers
         self._url: httpx.URL | None = None
         self._headers: httpx.Headers | None = None
+        self._raw: list[tuple[bytes, bytes]] = []
         self._extensions: dict[str, Any] = {}
 
     def request(self, body: bytes) -> httpx.Request:
@@ -345,7 +351,22 @@ class PostTemplate:
                 self._headers = fixed
                 self._extensions = dict(request.extensions)
                 self._url = request.url
+                # With a body, httpx's order: Host, the merged headers, Content-Length.
+                sample = client.build_request("POST", self.url, headers=self.headers, content=b"-")
+                raw = sample.headers.raw
+                if raw and raw[-1][0].lower() == b"content-length":
+                    self._raw = raw[:-1]
             return request
+        if body and self._raw:
+            made = httpx.Request(
+                "POST",
+                self._url,
+                headers=[*self._raw, (b"Content-Length", b"%d" % len(body))],
+                stream=httpx.ByteStream(body),
+                extensions=self._extensions,
+            )
+            made.read()  # as httpx does for a body in memory: ``content`` is there
+            return made
         return httpx.Request(
             "POST", self._url, headers=self._headers, content=body, extensions=self._extensions
         )
