@@ -341,3 +341,35 @@ async def test_bodies_of_every_size_arrive_whole_on_one_connection() -> None:
         str(len(b)) for b in bodies
     ]
     assert server.connections == 1
+
+
+_PLAIN_REQUEST = """
+import socket, sys, threading
+from harness import install_lean_imports
+install_lean_imports()  # as the CLI does
+import httpx, trio
+from harness.providers.sse import new_client
+listener = socket.create_server(("127.0.0.1", 0))
+def answer():
+    conn, _ = listener.accept()
+    conn.recv(65536)
+    conn.sendall(b"HTTP/1.1 200 OK\\r\\ncontent-length: 2\\r\\n\\r\\nok")
+    conn.close()
+threading.Thread(target=answer, daemon=True).start()
+async def main():
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/"
+    async with new_client(url, httpx.Timeout(5.0), None) as client:
+        reply = await client.get(url)
+    print(reply.text, "ssl" in sys.modules, "httpcore" in sys.modules)
+trio.run(main)
+"""
+
+
+def test_a_plain_http_exchange_loads_neither_tls_nor_httpcore() -> None:
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _PLAIN_REQUEST], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["ok", "False", "False"]
