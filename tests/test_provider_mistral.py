@@ -9,6 +9,8 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from wire_server import Reply, chunk, wire_server
 
 from harness.messages.model import Tokens
@@ -36,6 +38,7 @@ from harness.providers.errors import (
 from harness.providers.mistral import MistralProvider, chat_url, mistral_tool_call_id
 from harness.providers.pricing import Price, PriceTable
 from harness.providers.sse import aiter_sse_data, retry_after
+from harness.providers.wire import SystemText
 
 USAGE = {"prompt_tokens": 1200, "completion_tokens": 300, "total_tokens": 1500}
 READ = ToolSpec(
@@ -552,3 +555,46 @@ def test_validating_a_chunk_copies_no_default() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "0"
+
+
+# Texts a model or a tool may produce: JSON's escapes, controls, DEL, line and paragraph
+# separators, astral characters; hypothesis adds the rest of Unicode (surrogates aside).
+_AWKWARD = ["", '"', "\\", "\n\r\t\b\f", "\x00\x01\x1f\x7f", "\u2028\u2029", "é ✓ 😀", "</script>"]
+_texts = st.one_of(st.sampled_from(_AWKWARD), st.text(max_size=40))
+_calls = st.builds(
+    ToolCall, st.one_of(st.sampled_from(["AbC123xYz", "call_1", ""]), _texts), _texts, _texts
+)
+_turns = st.one_of(
+    st.builds(UserTurn, _texts),
+    st.builds(SystemText, _texts),
+    st.builds(ToolResult, _texts, _texts, _texts),
+    st.builds(AssistantTurn, _texts, st.lists(_calls, max_size=3).map(tuple)),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_turns)
+def test_a_message_is_written_as_the_sdk_serializes_it(turn: Any) -> None:
+    """``encode_message`` writes the JSON itself: it must be the SDK model's, byte for byte."""
+    from harness.providers import mistral
+
+    model = mistral.sdk_message(turn)
+    expected = b"" if model is None else model.model_dump_json(by_alias=True).encode("utf-8")
+    assert mistral.encode_message(turn) == expected
+
+
+def test_a_lone_surrogate_goes_through_the_sdk_as_before() -> None:
+    from harness.providers import mistral
+
+    turn = ToolResult("call_1", "read", "bad \ud800 text")
+    model = mistral.sdk_message(turn)
+    assert model is not None
+    try:
+        expected: bytes | type[Exception] = model.model_dump_json(by_alias=True).encode("utf-8")
+    except Exception as error:  # whatever the SDK does with it, encode_message does too
+        expected = type(error)
+    if isinstance(expected, bytes):
+        assert mistral.encode_message(turn) == expected
+    else:
+        with pytest.raises(expected):
+            mistral.encode_message(turn)
