@@ -373,3 +373,51 @@ def test_a_plain_http_exchange_loads_neither_tls_nor_httpcore() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["ok", "False", "False"]
+
+
+async def test_reading_a_fast_body_lets_other_tasks_run() -> None:
+    """A body that is always there to read still yields to the scheduler, read by read."""
+    piece = b"x" * 65536
+
+    async def flood(stream: trio.abc.Stream) -> None:
+        await read_head(stream, bytearray())
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % (64 * len(piece)))
+        for _ in range(64):
+            await stream.send_all(piece)
+
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await trio.lowlevel.checkpoint()
+
+    reads = 0
+    served = serve(flood)
+    async with served as (root, _), client(H11Transport()) as http, trio.open_nursery() as nursery:
+        nursery.start_soon(ticker)
+        async with http.stream("GET", f"{root}/") as reply:
+            async for _ in reply.aiter_raw():
+                reads += 1
+        nursery.cancel_scope.cancel()
+    assert reads > 1
+    assert ticks >= reads // 2  # the ticker ran between the reads
+
+
+async def test_a_cancelled_caller_sends_nothing() -> None:
+    received: list[bytes] = []
+
+    async def record(stream: trio.abc.Stream) -> None:
+        head = await read_head(stream, bytearray())
+        received.append(head)
+        await stream.send_all(OK)
+
+    async with serve(record) as (root, _), client(H11Transport()) as http:
+        assert (await http.get(f"{root}/warm")).text == "ok"  # a kept-alive connection
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await http.get(f"{root}/never")
+        assert scope.cancelled_caught
+        assert (await http.get(f"{root}/after")).text == "ok"
+    assert [h.split(b" ")[1] for h in received] == [b"/warm", b"/after"]

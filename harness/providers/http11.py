@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import functools
 import math
+import select
+import socket
 import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -68,18 +70,55 @@ def _deadline(timeout: float | None) -> float:
 
 
 class _Connection:
-    """One socket (TLS or not) and the h11 state of the exchange on it."""
+    """One connection and the h11 state of the exchange on it (see the two kinds below)."""
 
-    __slots__ = ("expires", "h11", "origin", "socket", "stream")
+    __slots__ = ("expires", "h11", "origin")
 
-    def __init__(self, origin: _Origin, stream: trio.abc.Stream, socket: Any) -> None:
+    def __init__(self, origin: _Origin) -> None:
         self.origin = origin
-        self.stream = stream
-        self.socket = socket  # the trio socket under the stream (TLS or not): idle checks
         self.h11 = h11.Connection(
             our_role=h11.CLIENT, max_incomplete_event_size=MAX_INCOMPLETE_EVENT_SIZE
         )
         self.expires = 0.0
+
+    async def write(self, data: bytes, seconds: float | None) -> None:
+        raise NotImplementedError
+
+    async def read(self, seconds: float | None) -> bytes:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        """Close at once (no TLS close_notify wait), whatever the cancellation state."""
+        raise NotImplementedError
+
+    def readable(self) -> bool:
+        """Whether the socket has something to read (idle: the server closed it)."""
+        raise NotImplementedError
+
+    def drop(self) -> None:
+        """Close an idle connection, without a TLS goodbye to a peer that left."""
+        raise NotImplementedError
+
+    def next_event(self) -> Any:
+        try:
+            return self.h11.next_event()
+        except h11.RemoteProtocolError as exc:
+            raise httpx.RemoteProtocolError(str(exc)) from exc
+
+    def reusable(self) -> bool:
+        """Whether the exchange ended cleanly on both sides, so the socket may carry another."""
+        return self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE
+
+
+class _StreamConnection(_Connection):
+    """Over a Trio stream: TLS (``trio.SSLStream``)."""
+
+    __slots__ = ("socket", "stream")
+
+    def __init__(self, origin: _Origin, stream: trio.abc.Stream, socket: Any) -> None:
+        super().__init__(origin)
+        self.stream = stream
+        self.socket = socket  # the trio socket under the stream: idle checks
 
     async def write(self, data: bytes, seconds: float | None) -> None:
         with trio.CancelScope(deadline=_deadline(seconds)) as scope:
@@ -101,19 +140,95 @@ class _Connection:
             raise httpx.ReadTimeout("timed out reading the response")
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def next_event(self) -> Any:
-        try:
-            return self.h11.next_event()
-        except h11.RemoteProtocolError as exc:
-            raise httpx.RemoteProtocolError(str(exc)) from exc
+    async def close(self) -> None:
+        await trio.aclose_forcefully(self.stream)
 
-    def reusable(self) -> bool:
-        """Whether the exchange ended cleanly on both sides, so the socket may carry another."""
-        return self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE
+    def readable(self) -> bool:
+        return bool(self.socket.is_readable())
+
+    def drop(self) -> None:
+        self.socket.close()
+
+
+class _SocketConnection(_Connection):
+    """Plain TCP on the socket itself, with Trio's I/O waits only when the kernel says wait.
+
+    ``SocketStream`` makes every send and receive two scheduler rounds (a receive that
+    had to wait for the server: its wait, then a checkpoint after the data came), and the
+    timeout around each needs a cancel scope. Here a send the socket takes at once, the
+    usual case, takes no round and no scope; a receive takes the one round of its wait. A
+    task whose surroundings were cancelled stops at the next call all the same
+    (``checkpoint_if_cancelled``), and any wait is one a cancel ends. A receive that
+    finds data at once still yields once, as Trio's own does, so a fast stream cannot
+    starve the other tasks.
+    """
+
+    __slots__ = ("poll", "sock")
+
+    def __init__(self, origin: _Origin, sock: socket.socket) -> None:
+        super().__init__(origin)
+        self.sock = sock
+        self.poll = select.poll()
+        self.poll.register(sock, select.POLLIN)
+
+    async def write(self, data: bytes, seconds: float | None) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        sock = self.sock
+        view = memoryview(data)
+        deadline: float | None = None
+        try:
+            while view:
+                try:
+                    sent = sock.send(view)
+                except BlockingIOError:
+                    if deadline is None:
+                        deadline = _deadline(seconds)
+                    with trio.CancelScope(deadline=deadline) as scope:
+                        await trio.lowlevel.wait_writable(sock)
+                    if scope.cancelled_caught:
+                        raise httpx.WriteTimeout("timed out writing the request") from None
+                    continue
+                view = view[sent:]
+        except OSError as exc:  # a reset, a closed socket
+            raise httpx.WriteError(str(exc) or type(exc).__name__) from exc
+        finally:
+            view.release()
+
+    async def read(self, seconds: float | None) -> bytes:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        sock = self.sock
+        try:
+            data = sock.recv(READ_SIZE)
+        except BlockingIOError:
+            pass
+        except OSError as exc:
+            raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
+        else:
+            await trio.lowlevel.cancel_shielded_checkpoint()  # fair: yield once anyway
+            return data
+        with trio.CancelScope(deadline=_deadline(seconds)) as scope:
+            while True:
+                await trio.lowlevel.wait_readable(sock)
+                try:
+                    return sock.recv(READ_SIZE)
+                except BlockingIOError:
+                    continue  # woken for nothing
+                except OSError as exc:
+                    raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
+        if scope.cancelled_caught:
+            raise httpx.ReadTimeout("timed out reading the response")
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def close(self) -> None:
-        """Close at once (no TLS close_notify wait), whatever the cancellation state."""
-        await trio.aclose_forcefully(self.stream)
+        self.drop()
+
+    def readable(self) -> bool:
+        return bool(self.poll.poll(0))
+
+    def drop(self) -> None:
+        if self.sock.fileno() != -1:
+            trio.lowlevel.notify_closing(self.sock)
+            self.sock.close()
 
 
 class H11Transport(httpx.AsyncBaseTransport):
@@ -242,8 +357,8 @@ class H11Transport(httpx.AsyncBaseTransport):
                 continue
             del idle[index]
             # Readable while idle: the server closed it (or sent what it should not have).
-            if connection.expires < now or connection.socket.is_readable():
-                connection.socket.close()  # no TLS goodbye owed to a peer that left
+            if connection.expires < now or connection.readable():
+                connection.drop()
                 continue
             return connection
         return None
@@ -260,7 +375,10 @@ class H11Transport(httpx.AsyncBaseTransport):
         if scope.cancelled_caught:
             raise httpx.ConnectTimeout(f"timed out connecting to {host}:{port}")
         if scheme != b"https":
-            return _Connection(origin, tcp, tcp.socket)
+            # The socket itself from here on (see _SocketConnection); TCP_NODELAY stays set.
+            sock = socket.socket(fileno=tcp.socket.detach())
+            sock.setblocking(False)
+            return _SocketConnection(origin, sock)
         context = self._ssl_context
         if context is None:
             context = self._ssl_context = shared_ssl_context()
@@ -281,7 +399,7 @@ class H11Transport(httpx.AsyncBaseTransport):
         except BaseException:
             await trio.aclose_forcefully(tcp)
             raise
-        return _Connection(origin, tls, tcp.socket)
+        return _StreamConnection(origin, tls, tcp.socket)
 
     async def _release(self, connection: _Connection) -> None:
         if self._closed or not connection.reusable() or len(self._idle) >= self._max_idle:
