@@ -421,3 +421,24 @@ async def test_a_cancelled_caller_sends_nothing() -> None:
         assert scope.cancelled_caught
         assert (await http.get(f"{root}/after")).text == "ok"
     assert [h.split(b" ")[1] for h in received] == [b"/warm", b"/after"]
+
+
+async def test_concurrent_requests_take_a_connection_each_and_both_are_kept() -> None:
+    async def slow_each(stream: trio.abc.Stream) -> None:
+        buffer = bytearray()
+        while await read_head(stream, buffer):
+            await trio.sleep(0.05)  # both requests are in flight at once
+            await stream.send_all(OK)
+
+    async with serve(slow_each) as (root, accepted), client(H11Transport()) as http:
+        for _ in range(2):
+            texts: list[str] = []
+
+            async def get(path: str, texts: list[str] = texts) -> None:
+                texts.append((await http.get(f"{root}/{path}")).text)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(get, "a")
+                nursery.start_soon(get, "b")
+            assert texts == ["ok", "ok"]
+    assert len(accepted) == 2  # the second pair reused both
