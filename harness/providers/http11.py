@@ -21,9 +21,12 @@ and drops the layers:
   httpcore sets it), verified; a plain-http client given an https URL makes the default
   verified context then (httpcore's behaviour too).
 
-Each read and write runs in one plain ``trio.CancelScope`` with the timeout as its
-deadline, and a response body is handed to httpx in the pieces the socket delivers (the
-events one read completes, joined), not one piece per chunk of the chunked encoding.
+Plain TCP is driven on the socket itself (``_SocketConnection``: Trio's waits only when
+the kernel says wait), TLS through a Trio stream; each wait runs in one plain
+``trio.CancelScope`` with the timeout as its deadline. A response body is handed to
+httpx in the pieces the socket delivers (the events one read completes, joined), not one
+piece per chunk of the chunked encoding. Concurrent requests of one client each take a
+connection of their own.
 """
 
 from __future__ import annotations
