@@ -32,7 +32,6 @@ import __future__
 import atexit
 import builtins
 import contextlib
-import hashlib
 import importlib.util
 import marshal
 import os
@@ -187,6 +186,10 @@ def _callers_flags() -> int:
 
 
 def _compiled(source: str, filename: str, flags: int) -> types.CodeType:
+    # Imported here, not at the top: ``harness.lean_imports`` must be in place first, so
+    # that hashlib loads without OpenSSL (see there).
+    import hashlib
+
     text = f"{flags}\0{filename}\0{source}"
     key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
     code = _cached(key)

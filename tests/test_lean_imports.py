@@ -31,6 +31,21 @@ async def main():
     return await structlog.stdlib.get_logger().ainfo("async log")
 asyncio.run(main())
 
+# hashlib and hmac load without OpenSSL and give the same digests (standard test vectors);
+# ssl still loads OpenSSL for TLS.
+import hashlib, hmac, secrets
+assert "_hashlib" not in sys.modules
+sha = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+assert hashlib.sha256(b"abc").hexdigest() == sha
+assert hashlib.new("sha256", b"abc").hexdigest() == sha
+fox = b"The quick brown fox jumps over the lazy dog"
+mac = "f7bc83f430538424b13298e6aa6fb143ef4d59a14946175997479dbc2d1a3cd8"
+assert hmac.new(b"key", fox, "sha256").hexdigest() == mac
+assert hmac.digest(b"key", fox, "sha256").hex() == mac
+assert secrets.compare_digest(mac, mac) and not secrets.compare_digest(mac, sha)
+import ssl
+assert ssl.create_default_context().verify_mode == ssl.CERT_REQUIRED
+
 # The hidden extras import as usual afterwards, and loggers still render exceptions.
 import rich.console
 renderer = structlog.dev.ConsoleRenderer(colors=False)
