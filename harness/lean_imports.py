@@ -37,7 +37,8 @@ that embeds harness keeps its libraries as they are. Measured on a ``harness run
   have it, without setting that variable for the commands they run.
 
 And the methods ``dataclasses`` generates for each class come compiled from a cache
-(``harness.generated_code``).
+(``harness.generated_code``), and the tools' JSON schemas and Mistral's request frames
+from another (``harness.machine_cache``).
 
 Each is done only when the module is not loaded yet, and only while its library loads;
 anything imported afterwards (``rich`` by ``harness chat``, ``asyncio`` by the MCP SDK,
@@ -57,7 +58,7 @@ from contextlib import ExitStack, contextmanager
 from importlib.machinery import ModuleSpec
 from typing import TYPE_CHECKING, Any, cast
 
-from harness import generated_code
+from harness import generated_code, machine_cache
 
 if TYPE_CHECKING:
     from importlib.abc import Loader  # importlib.abc itself loads importlib.resources
@@ -93,6 +94,7 @@ def install() -> None:
         if waiting:
             sys.meta_path.insert(0, _LeanFinder(waiting))
     generated_code.install()  # after the finder: its keys are hashed with hashlib
+    machine_cache.enable()
 
 
 class _LeanFinder:
