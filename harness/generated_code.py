@@ -6,7 +6,10 @@ Every ``@dataclass`` writes the source of its ``__init__``, ``__repr__``, ``__eq
 dataclasses before its first request (harness's messages, pydantic's, h11's…): 60–80 ms
 of compiling, the same source into the same code every time. (``attrs``, for Trio's
 classes, compiles too, ~12 ms, but half its sources differ from run to run: they embed
-a string's hash, which Python seeds afresh in each process. It is left alone.)
+a string's hash, which Python seeds afresh in each process. It is left alone.) The
+same goes for ``typing.ForwardRef``, which compiles its expression when it is made:
+~1,300 of them before the first request, most for pydantic-core's ``TypedDict``
+schemas; ``typing`` gets a ``compile`` of its own too (``_Compile``).
 
 This module keeps the code objects, by their exact source (and file name), in a cache
 file as Python keeps a module's bytecode in ``__pycache__``: one file per interpreter
@@ -79,9 +82,12 @@ def install() -> None:
         _fd, index = opened
         _index.update(index)
     import dataclasses
+    import typing
 
     if "exec" not in vars(dataclasses):
         dataclasses.exec = _Exec(dataclasses)  # type: ignore[attr-defined]
+    if "compile" not in vars(typing):
+        typing.compile = _Compile()  # type: ignore[attr-defined]
     atexit.register(save)
 
 
@@ -185,16 +191,17 @@ def _callers_flags() -> int:
     return sys._getframe(2).f_code.co_flags & _FUTURE_FLAGS
 
 
-def _compiled(source: str, filename: str, flags: int) -> types.CodeType:
+def _compiled(source: str, filename: str, flags: int, mode: str = "exec") -> types.CodeType:
     # Imported here, not at the top: ``harness.lean_imports`` must be in place first, so
     # that hashlib loads without OpenSSL (see there).
     import hashlib
 
-    text = f"{flags}\0{filename}\0{source}"
+    # The mode only for "eval": the keys of "exec" code stay what they were.
+    text = f"{flags}\0{filename}\0{'' if mode == 'exec' else mode + chr(0)}{source}"
     key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
     code = _cached(key)
     if code is None:
-        code = builtins.compile(source, filename, "exec", flags=flags, dont_inherit=True)
+        code = builtins.compile(source, filename, mode, flags=flags, dont_inherit=True)
         _new[key] = code  # missing, or unreadable: the file gets it (again) at exit
     return code
 
@@ -209,3 +216,32 @@ class _Exec:
         if isinstance(source, str):
             source = _compiled(source, "<string>", _callers_flags())
         builtins.exec(source, self._globals if globals is None else globals, locals)
+
+
+class _Compile:
+    """``compile`` for ``typing``: a forward reference's expression from the cache.
+
+    ``typing.ForwardRef`` compiles its string when it is made, and a run makes ~1,300
+    before its first request (pydantic-core's ``TypedDict`` schemas, the annotations
+    pydantic evaluates): ~13 ms of compiling, against ~4 ms to read them back. What is
+    not a plain expression compile (other modes, an AST, flags of its own) goes to the
+    builtin as it was asked; a source that does not parse raises as the builtin does.
+    """
+
+    def __call__(
+        self,
+        source: Any,
+        filename: Any,
+        mode: str,
+        flags: int = 0,
+        dont_inherit: bool = False,
+        optimize: int = -1,
+        **options: Any,
+    ) -> Any:
+        if not dont_inherit:
+            flags |= _callers_flags()
+        if isinstance(source, str) and isinstance(filename, str) and mode == "eval" and (
+            optimize == -1 and not options and not flags & ~_FUTURE_FLAGS
+        ):
+            return _compiled(source, filename, flags, mode)
+        return builtins.compile(source, filename, mode, flags, True, optimize, **options)

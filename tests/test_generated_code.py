@@ -142,3 +142,57 @@ def test_harness_run_uses_the_cache(tmp_path: Path, project: Path) -> None:
     written = path.stat().st_mtime_ns
     assert run_harness(env, *run).stdout.strip() == "ok"
     assert path.stat().st_mtime_ns == written  # the second compiled nothing new
+
+
+_FORWARD_REFS = """
+import json, sys, typing
+from harness import generated_code
+if sys.argv[1] == "cached":
+    generated_code.install()
+sources = ["int", "list[str]", "dict[str, typing.Any]", "*Ts", "Optional['X']", "lambda: 1"]
+def consts(code):
+    return [consts(c) if hasattr(c, "co_code") else repr(c) for c in code.co_consts]
+codes = []
+for source in sources:
+    ref = typing.ForwardRef(source)
+    code = ref.__forward_code__
+    codes.append([code.co_code.hex(), consts(code), code.co_names, code.co_filename,
+                  code.co_flags])
+value = typing.ForwardRef("dict[str, int]")._evaluate({}, {}, frozenset())
+try:
+    typing.ForwardRef("1 +")
+    error = None
+except SyntaxError as exc:
+    error = str(exc)
+class Typed(typing.TypedDict):
+    name: "str"
+    count: "list[int]"
+print(json.dumps({"codes": codes, "value": repr(value), "error": error,
+                  "hints": repr(typing.get_type_hints(Typed)),
+                  "compiled": len(generated_code._new)}))
+"""
+
+
+def test_forward_references_compile_from_the_cache_as_the_builtin_compiles_them(
+    tmp_path: Path,
+) -> None:
+    cache = tmp_path / "cache"
+
+    def run(mode: str) -> dict[str, object]:
+        env = dict(os.environ, XDG_CACHE_HOME=str(cache))
+        done = subprocess.run(
+            [sys.executable, "-c", _FORWARD_REFS, mode],
+            capture_output=True, text=True, env=env, timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        result: dict[str, object] = json.loads(done.stdout.splitlines()[-1])
+        return result
+
+    reference = run("builtin")
+    first = run("cached")
+    second = run("cached")
+    for key in ("codes", "value", "error", "hints"):
+        assert first[key] == reference[key] and second[key] == reference[key], key
+    assert reference["error"] == "Forward reference must be an expression -- got '1 +'"
+    assert isinstance(first["compiled"], int) and first["compiled"] >= 8
+    assert second["compiled"] == 0  # every expression came from the file
