@@ -3,6 +3,7 @@ and still work in full (each case in a fresh interpreter: imports happen once)."
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -83,6 +84,53 @@ assert structlog.dev.rich is rich
 assert structlog.stdlib.asyncio is asyncio
 print("ok")
 """
+
+
+# Trio's worker threads get their OS names as without harness, with no ctypes loaded.
+_THREAD_NAMES = """
+import json, sys, threading
+if sys.argv[1] == "lean":
+    from harness import install_lean_imports
+    install_lean_imports()
+import trio
+
+def comm(tid):
+    with open(f"/proc/self/task/{tid}/comm") as f:
+        return f.read().strip()
+
+def job():
+    return threading.get_native_id(), comm(threading.get_native_id())
+
+async def main():
+    named = await trio.to_thread.run_sync(job, thread_name="a job with a long name")
+    default = await trio.to_thread.run_sync(job)
+    await trio.sleep(0.05)  # the worker has reset its name after the job
+    return [named[1], default[1], comm(named[0])]
+
+names = trio.run(main)
+loaded = "ctypes" in sys.modules
+import ctypes  # and ctypes itself still loads and works
+print(json.dumps({"names": names, "ctypes_loaded": loaded, "abs": ctypes.c_int(-3).value}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc thread names")
+def test_trio_names_its_threads_as_before_without_ctypes() -> None:
+    def run(mode: str) -> dict[str, object]:
+        done = subprocess.run(
+            [sys.executable, "-c", _THREAD_NAMES, mode], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        result: dict[str, object] = json.loads(done.stdout.splitlines()[-1])
+        return result
+
+    plain, lean = run("plain"), run("lean")
+    assert lean["names"] == plain["names"]
+    names = plain["names"]
+    assert isinstance(names, list) and names[0] == "a job with a lo"  # 15 bytes, as the OS keeps
+    assert names[2].startswith("Trio thread")  # back to its own name after the job
+    assert plain["ctypes_loaded"] is True and lean["ctypes_loaded"] is False
+    assert lean["abs"] == -3
 
 
 @pytest.mark.parametrize(
