@@ -4,12 +4,12 @@ Every ``@dataclass`` writes the source of its ``__init__``, ``__repr__``, ``__eq
 ``__hash__`` (and, frozen, ``__setattr__``/``__delattr__``) and compiles it, one
 ``exec`` per method, each time the class is created. A ``harness run`` creates about 160
 dataclasses before its first request (harness's messages, pydantic's, h11's…): 60–80 ms
-of compiling, the same source into the same code every time. (``attrs``, for Trio's
-classes, compiles too, ~12 ms, but half its sources differ from run to run: they embed
-a string's hash, which Python seeds afresh in each process. It is left alone.) The
-same goes for ``typing.ForwardRef``, which compiles its expression when it is made:
-~1,300 of them before the first request, most for pydantic-core's ``TypedDict``
-schemas; ``typing`` gets a ``compile`` of its own too (``_Compile``).
+of compiling, the same source into the same code every time. The same goes for
+``attrs`` (Trio's ~50 classes, ~10 ms; the type hash its ``__hash__`` scripts embed,
+seeded afresh in each process, is dealt with in ``_AttrsCompile``) and for
+``typing.ForwardRef``, which compiles its expression when it is made (~1,150 of them
+before the first request, most for pydantic-core's ``TypedDict`` schemas): ``typing``
+and ``attr._make`` get a ``compile`` of their own (``_Compile``, ``_AttrsCompile``).
 
 This module keeps the code objects, by their exact source (and file name), in a cache
 file as Python keeps a module's bytecode in ``__pycache__``: one file per interpreter
@@ -38,6 +38,7 @@ import contextlib
 import importlib.util
 import marshal
 import os
+import re
 import struct
 import sys
 import types
@@ -191,15 +192,19 @@ def _callers_flags() -> int:
     return sys._getframe(2).f_code.co_flags & _FUTURE_FLAGS
 
 
-def _compiled(source: str, filename: str, flags: int, mode: str = "exec") -> types.CodeType:
+def _key(source: str, filename: str, flags: int, mode: str) -> bytes:
     # Imported here, not at the top: ``harness.lean_imports`` must be in place first, so
     # that hashlib loads without OpenSSL (see there).
     import hashlib
 
     # The mode only for "eval": the keys of "exec" code stay what they were.
     text = f"{flags}\0{filename}\0{'' if mode == 'exec' else mode + chr(0)}{source}"
-    key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-    code = _cached(key)
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+def _compiled(source: str, filename: str, flags: int, mode: str = "exec") -> types.CodeType:
+    key = _key(source, filename, flags, mode)
+    code = _new.get(key) or _cached(key)
     if code is None:
         code = builtins.compile(source, filename, mode, flags=flags, dont_inherit=True)
         _new[key] = code  # missing, or unreadable: the file gets it (again) at exit
@@ -245,3 +250,74 @@ class _Compile:
         ):
             return _compiled(source, filename, flags, mode)
         return builtins.compile(source, filename, mode, flags, True, optimize, **options)
+
+
+# The line of a ``__hash__`` attrs generates that holds the class's own hash: the hash
+# of a string, which Python seeds afresh in each process (``attr._make``).
+_ATTRS_TYPE_HASH = re.compile(r"(hash\(\(\n +)(-?[0-9]+)(,\n)")
+
+
+class _AttrsCompile(_Compile):
+    """``compile`` for ``attr._make``: a class's methods from the cache.
+
+    attrs compiles one script per class (Trio's ~50 classes: ~10-15 ms before the first
+    request), and a ``__hash__`` among them holds the class's type hash, a number that
+    differs in every process. Such a script is looked up with that number replaced by
+    ``8``s of the same length (every column the code records stays the same; a folded
+    ``-123`` spans its sign as ``8888`` does), and the number is put back into the
+    code's constants: the code is what compiling the script itself gives. A class seen
+    for the first time is compiled for every length a hash can have (1-20 characters),
+    so that no later process, drawing other hashes, misses it. A script with more than
+    one such line, or where its stand-in occurs anyway, is compiled as it is.
+    """
+
+    def __call__(
+        self,
+        source: Any,
+        filename: Any,
+        mode: str,
+        flags: int = 0,
+        dont_inherit: bool = False,
+        optimize: int = -1,
+        **options: Any,
+    ) -> Any:
+        if not dont_inherit:
+            flags |= _callers_flags()
+        plain = isinstance(source, str) and isinstance(filename, str) and mode == "exec"
+        if not plain or optimize != -1 or options or flags & ~_FUTURE_FLAGS:
+            return builtins.compile(source, filename, mode, flags, True, optimize, **options)
+        found = list(_ATTRS_TYPE_HASH.finditer(source))
+        if not found:
+            return _compiled(source, filename, flags)
+        text = found[0].group(2)
+        if len(found) > 1 or "8" * len(text) in source:
+            return builtins.compile(source, filename, mode, flags, True)
+        start, end = found[0].span(2)
+        variants = {n: f"{source[:start]}{'8' * n}{source[end:]}" for n in range(1, 21)}
+        code = _cached(_key(variants[len(text)], filename, flags, "exec"))
+        if code is None:
+            for variant in variants.values():
+                _compiled(variant, filename, flags)
+            code = _compiled(variants[len(text)], filename, flags)
+        return _with_constant(code, int("8" * len(text)), int(text))
+
+
+def _with_constant(code: types.CodeType, old: int, new: int) -> types.CodeType:
+    """``code`` with the int constant ``old`` made ``new``, in nested code and tuples."""
+
+    def swap(value: object) -> object:
+        if type(value) is int and value == old:
+            return new
+        if isinstance(value, types.CodeType):
+            return _with_constant(value, old, new)
+        if type(value) is tuple:
+            return tuple(swap(item) for item in value)
+        return value
+
+    return code.replace(co_consts=tuple(swap(value) for value in code.co_consts))
+
+
+def install_attrs(module: types.ModuleType) -> None:
+    """Give ``attr._make`` (just loaded) its ``compile``; called by harness.lean_imports."""
+    if _path is not None and "compile" not in vars(module):
+        vars(module)["compile"] = _AttrsCompile()

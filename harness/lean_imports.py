@@ -92,12 +92,14 @@ ANNOTATED = {"ssl": ("SSLContext",)}
 PLUGIN_LOADER = "pydantic.plugin._loader"
 # Trio's worker threads, which name their OS threads through ctypes (see _ThreadNamesLater).
 THREAD_CACHE = "trio._core._thread_cache"
+# attrs' class builder, whose generated methods come compiled from harness.generated_code.
+ATTRS_BUILDER = "attr._make"
 
 
 def install() -> None:
     """Put the finder first on ``sys.meta_path`` (idempotent); it leaves when done."""
     if not any(isinstance(finder, _LeanFinder) for finder in sys.meta_path):
-        names = (*HIDDEN, *DEFERRED, PLUGIN_LOADER, THREAD_CACHE)
+        names = (*HIDDEN, *DEFERRED, PLUGIN_LOADER, THREAD_CACHE, ATTRS_BUILDER)
         waiting = {name for name in names if name not in sys.modules}
         if waiting:
             sys.meta_path.insert(0, _LeanFinder(waiting))
@@ -123,7 +125,8 @@ class _LeanFinder:
             return ModuleSpec(name, cast("Loader", _NoPlugins()))
         spec = self._real_spec(name, path, target)
         if spec is not None and spec.loader is not None:
-            kind = _ThreadNamesLater if name == THREAD_CACHE else _Trimmed
+            kinds = {THREAD_CACHE: _ThreadNamesLater, ATTRS_BUILDER: _AttrsBuilder}
+            kind = kinds.get(name, _Trimmed)
             trimmed = kind(spec.loader, HIDDEN.get(name, ()), DEFERRED.get(name, ()))
             spec.loader = cast("Loader", trimmed)
         return spec
@@ -164,6 +167,14 @@ class _Trimmed:
             for name in self._deferred:
                 stack.enter_context(_stand_in(name))
             self._loader.exec_module(module)
+
+
+class _AttrsBuilder(_Trimmed):
+    """``attr._make``, then its ``compile`` from ``harness.generated_code``."""
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        super().exec_module(module)
+        generated_code.install_attrs(module)
 
 
 class _ThreadNamesLater(_Trimmed):

@@ -196,3 +196,88 @@ def test_forward_references_compile_from_the_cache_as_the_builtin_compiles_them(
     assert reference["error"] == "Forward reference must be an expression -- got '1 +'"
     assert isinstance(first["compiled"], int) and first["compiled"] >= 8
     assert second["compiled"] == 0  # every expression came from the file
+
+
+_ATTRS = """
+import json, sys
+if sys.argv[1] == "cached":
+    from harness import install_lean_imports
+    install_lean_imports()  # attr._make gets its compile when it loads
+import attr
+import harness.generated_code as g
+
+@attr.s(hash=True)
+class Hashed:
+    x = attr.ib()
+    y = attr.ib(default=2)
+
+@attr.s(hash=True)
+class Empty:  # hash((N,)): a constant tuple
+    pass
+
+@attr.s(hash=True, cache_hash=True, frozen=True)
+class Cached:
+    z = attr.ib()
+
+@attr.define
+class Plain:
+    w: int = 5
+
+def consts(code):
+    return [consts(c) if hasattr(c, "co_code") else repr(c) for c in code.co_consts]
+
+out = {}
+for cls in (Hashed, Empty, Cached, Plain):
+    for name, member in sorted(vars(cls).items()):
+        code = getattr(member, "__code__", None)
+        if code is not None:
+            out[f"{cls.__name__}.{name}"] = [
+                code.co_code.hex(), consts(code), code.co_names, code.co_filename,
+                code.co_linetable.hex(), code.co_firstlineno,
+            ]
+checks = [hash(Hashed(1)) == hash(Hashed(1)), hash(Empty()) == hash(Empty()),
+          hash(Cached(3)) == hash(Cached(3)), Plain().w, repr(Hashed(1))]
+print(json.dumps({"methods": out, "checks": checks, "compiled": len(g._new)}))
+"""
+
+
+def test_attrs_methods_from_the_cache_are_the_ones_attrs_compiles(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+
+    def run(mode: str, seed: str) -> dict[str, object]:
+        # The seed fixes the type hashes attrs puts in __hash__: the same for both modes.
+        env = dict(os.environ, XDG_CACHE_HOME=str(cache), PYTHONHASHSEED=seed)
+        done = subprocess.run(
+            [sys.executable, "-c", _ATTRS, mode], capture_output=True, text=True, env=env,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        result: dict[str, object] = json.loads(done.stdout.splitlines()[-1])
+        return result
+
+    for seed in ("1", "2", "3"):  # each seed's hashes differ: found in the cache all the same
+        reference, cached = run("plain", seed), run("cached", seed)
+        assert cached["methods"] == reference["methods"], seed
+        assert cached["checks"] == reference["checks"]
+    assert run("cached", "3")["compiled"] == 0  # again: every script came from the file
+
+
+def test_an_attrs_script_that_holds_the_stand_in_number_is_compiled_as_it_is() -> None:
+    from harness.generated_code import _AttrsCompile
+
+    def script(number: str, default: str) -> str:
+        return (
+            f"def __hash__(self):\n    return hash((\n        {number},\n        self.x,\n    ))\n"
+            f"def other(self):\n    return {default}\n"
+        )
+
+    for number, default in (("1234567", "8888888"), ("-1234567", "-888888"), ("-42", "7")):
+        source = script(number, default)
+        ours = _AttrsCompile()(source, "<attrs generated methods t.C>", "exec")
+        theirs = compile(source, "<attrs generated methods t.C>", "exec")
+        for mine, real in zip(ours.co_consts, theirs.co_consts, strict=True):
+            if hasattr(real, "co_code"):
+                assert mine.co_consts == real.co_consts and mine.co_code == real.co_code
+                assert mine.co_linetable == real.co_linetable
+            else:
+                assert mine == real
