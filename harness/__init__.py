@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from harness.terminal_text import printable, printable_data
     from harness.tools.base import ToolContext
     from harness.tools.python_tool import ToolDefinitionError, tool
+    from harness.tools.sandbox import start_probe as start_sandbox_probe
     from harness.trace import render_trace
 
 __all__ = [
@@ -120,6 +121,7 @@ __all__ = [
     "resolve_model",
     "serve",
     "serve_acp",
+    "start_sandbox_probe",
     "tool",
     "usable_socket_path",
     "use_front_matter_store",
@@ -175,6 +177,7 @@ _WHERE = {
     "configure_logging": ("harness.logs", "configure_logging"),
     # What the CLI's processes leave out of their libraries' imports (issue 14).
     "install_lean_imports": ("harness.lean_imports", "install"),
+    "start_sandbox_probe": ("harness.tools.sandbox", "start_probe"),
     "open_private": ("harness.private", "open_private"),
     "private_dir": ("harness.private", "private_dir"),
     "probe_mcp_servers": ("harness.actors.mcp_client", "probe"),

@@ -154,6 +154,11 @@ def _start(args: argparse.Namespace) -> int:
         **values,
     )
     config.log_file = config.home / "logs" / f"run-{time.strftime('%Y%m%d')}.jsonl"
+    if config.sandbox != "off":
+        # bwrap's probe runs while the harness's own modules load (~10-20 ms of waiting).
+        from harness import start_sandbox_probe
+
+        start_sandbox_probe(config.sandbox_bwrap)
     return trio.run(_run_embedded, config, args, text, directory)
 
 
