@@ -41,6 +41,7 @@ if TYPE_CHECKING:
         load_settings,
         read_project,
     )
+    from harness.context.system import prefetch_environment
     from harness.frontmatter import use_store as use_front_matter_store
     from harness.lean_imports import install as install_lean_imports
     from harness.logs import configure_logging
@@ -110,6 +111,7 @@ __all__ = [
     "open_private",
     "open_reader",
     "parse_rule_flag",
+    "prefetch_environment",
     "printable",
     "printable_data",
     "private_dir",
@@ -178,6 +180,7 @@ _WHERE = {
     # What the CLI's processes leave out of their libraries' imports (issue 14).
     "install_lean_imports": ("harness.lean_imports", "install"),
     "start_sandbox_probe": ("harness.tools.sandbox", "start_probe"),
+    "prefetch_environment": ("harness.context.system", "prefetch_environment"),
     "open_private": ("harness.private", "open_private"),
     "private_dir": ("harness.private", "private_dir"),
     "probe_mcp_servers": ("harness.actors.mcp_client", "probe"),

@@ -228,6 +228,10 @@ async def _run_embedded(
     from harness.commands.follow import HarnessReplies, TurnFollower
 
     view_code: int | None = None
+    if not args.session:
+        from harness import prefetch_environment
+
+        prefetch_environment(directory)  # git runs while the harness opens
     try:
         async with open_harness(config) as h:
             try:
