@@ -74,33 +74,38 @@ def store(kind: str, key: str, value: Any) -> None:
     """Keep ``value`` (JSON) for ``key``; written at exit. A no-op when not enabled."""
     if not _enabled:
         return
+    try:
+        # A copy of its own: what the caller does with ``value`` later is not kept.
+        kept = json.loads(json.dumps(value))
+    except (TypeError, ValueError, RecursionError):
+        return  # not JSON: derived again next time
     cache = _file(kind)
-    cache.entries[key] = value
-    cache.added = True
+    cache.entries[key] = kept
+    cache.added[key] = kept
 
 
 def save() -> None:
-    """Write each file that gained entries (run at exit)."""
+    """Add each file's new entries to what it holds now (run at exit)."""
     for kind, cache in list(_files.items()):
-        if cache.added:
-            cache.added = False
-            _write(cache.path, _read(cache.path) | cache.entries, kind)
+        if cache.added and cache.path is not None:
+            added, cache.added = cache.added, {}
+            _write(cache.path, _read(cache.path) | added, kind)
 
 
 class _File:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path | None) -> None:
         self.path = path
-        self.entries: dict[str, Any] = _read(path)
-        self.added = False
+        self.entries: dict[str, Any] = {} if path is None else _read(path)
+        self.added: dict[str, Any] = {}  # only these are written: not what was read
 
 
 def _file(kind: str) -> _File:
     cache = _files.get(kind)
     if cache is None:
         try:
-            path = directory() / f"{kind}.json"
+            path: Path | None = directory() / f"{kind}.json"
         except (RuntimeError, KeyError):  # no home directory: nowhere to keep anything
-            path = Path(os.devnull)
+            path = None
         cache = _files[kind] = _File(path)
     return cache
 

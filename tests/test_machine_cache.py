@@ -249,3 +249,23 @@ def test_the_schema_key_follows_everything_that_shapes_the_schema(
     assert schema_key(model) not in (None, key)
     # A model create_model made has no file of its own: no key, built each time.
     assert schema_key(create_model("Made", __base__=BaseModel, x=(int, 1))) is None
+
+
+def test_what_a_caller_does_with_a_value_is_not_kept(cache_dir: Path) -> None:
+    value = {"a": [1, 2]}
+    machine_cache.store("kind", "k", value)
+    value["a"].append(3)  # after it was stored
+    machine_cache.save()
+    machine_cache.disable()
+    machine_cache.enable()
+    found = machine_cache.lookup("kind", "k")
+    assert found == {"a": [1, 2]}
+    found["a"].clear()  # a looked-up value changed in place, then another entry stored
+    machine_cache.store("kind", "other", 1)
+    machine_cache.save()
+    machine_cache.disable()
+    machine_cache.enable()
+    assert machine_cache.lookup("kind", "k") == {"a": [1, 2]}
+    assert machine_cache.lookup("kind", "other") == 1
+    machine_cache.store("kind", "not json", {1j})
+    assert machine_cache.lookup("kind", "not json") is None
