@@ -18,6 +18,8 @@ that embeds harness keeps its libraries as they are. Measured on a ``harness run
   its client's retries and threads; harness uses only its models). While they load,
   ``asyncio`` is a stand-in that imports the real package on first use, so those
   functions would still work.
+- *pickle* (and ``_compat_pickle``'s tables) for the one exception structlog raises when
+  a logger is pickled: ``PicklingError`` comes from ``_pickle``, the same class.
 - *ssl* (OpenSSL's TLS state: 2.2 MB, ~10 ms) is imported at module level by Trio,
   httpcore, ``http.client`` and ``urllib.request``, which use it only to make or check
   a TLS connection. A run that never speaks TLS (the scripted model, a local
@@ -77,7 +79,7 @@ HIDDEN = {
 }
 # A library → the modules it gets as stand-ins that import the real one on first use.
 DEFERRED = {
-    "structlog": ("asyncio",),
+    "structlog": ("asyncio", "pickle"),
     "mistralai.client.utils": ("asyncio",),
     "trio": ("ssl",),
     "httpcore": ("ssl",),
@@ -88,6 +90,10 @@ DEFERRED = {
 # (httpcore/_ssl.py has no ``from __future__ import annotations``): meanwhile, forward
 # references; afterwards, asked of the real module like any other name.
 ANNOTATED = {"ssl": ("SSLContext",)}
+# What a deferred module's importers take from it by name as they load, and where the very
+# same object is found without the module: structlog's ``from pickle import
+# PicklingError`` (the C accelerator's class, which ``pickle`` itself re-exports).
+PROVIDED = {"pickle": {"PicklingError": "_pickle"}}
 # pydantic's plugin loader, replaced by one that finds no plugin.
 PLUGIN_LOADER = "pydantic.plugin._loader"
 # Trio's worker threads, which name their OS threads through ctypes (see _ThreadNamesLater).
@@ -271,6 +277,10 @@ class _Deferred(types.ModuleType):
     """Stands in for a module not imported yet: any attribute asked imports the real one."""
 
     def __getattr__(self, attribute: str) -> Any:
+        if attribute == "__path__":
+            # Asked by every ``from name import x`` (is it a package?): answering it would
+            # import the real module before ``x`` is even looked up among what we hold.
+            raise AttributeError(attribute)
         name = self.__name__
         if sys.modules.get(name) is self:
             del sys.modules[name]
@@ -286,11 +296,14 @@ def _stand_in(name: str) -> Iterator[None]:
     annotated = ANNOTATED.get(name, ())
     for attribute in annotated:
         setattr(stand_in, attribute, typing.ForwardRef(f"{name}.{attribute}"))
+    provided = PROVIDED.get(name, {})
+    for attribute, source in provided.items():
+        setattr(stand_in, attribute, getattr(importlib.import_module(source), attribute))
     sys.modules[name] = stand_in
     try:
         yield
     finally:
-        for attribute in annotated:
+        for attribute in (*annotated, *provided):
             vars(stand_in).pop(attribute, None)
         if sys.modules.get(name) is stand_in:
             del sys.modules[name]

@@ -145,6 +145,7 @@ NOT_BEFORE_THE_FIRST_REQUEST = (
     "ssl",  # OpenSSL's TLS: the server is plain http:// (Trio and httpcore defer it)
     "_hashlib",  # OpenSSL's digests (libcrypto, 3.4 MB): hashlib uses its builtin ones
     "ctypes",  # Trio names its worker threads through /proc instead
+    "pickle",  # structlog's PicklingError is _pickle's
     "mistralai.client.models.completionchunk",  # the reply's model: after the request
 )
 

@@ -24,6 +24,12 @@ assert Model(x=1).x == 1
 assert "importlib.metadata" not in sys.modules
 assert any(type(f).__name__ == "_LeanFinder" for f in sys.meta_path)  # the SDK's utils to come
 
+# structlog raises pickle's own PicklingError, without pickle loaded for it.
+import structlog._output
+assert "pickle" not in sys.modules
+import pickle
+assert structlog._output.PicklingError is pickle.PicklingError
+
 # structlog's async helpers reach the real asyncio on first use.
 import structlog.stdlib
 import asyncio
