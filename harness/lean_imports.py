@@ -18,6 +18,8 @@ that embeds harness keeps its libraries as they are. Measured on a ``harness run
   its client's retries and threads; harness uses only its models). While they load,
   ``asyncio`` is a stand-in that imports the real package on first use, so those
   functions would still work.
+- *httpcore* imports ``certifi`` (and ``importlib.resources``) for its default TLS
+  context and ``anyio`` for its locks under asyncio: stand-ins until used.
 - *pickle* (and ``_compat_pickle``'s tables) for the one exception structlog raises when
   a logger is pickled: ``PicklingError`` comes from ``_pickle``, the same class.
 - *ssl* (OpenSSL's TLS state: 2.2 MB, ~10 ms) is imported at module level by Trio,
@@ -82,7 +84,7 @@ DEFERRED = {
     "structlog": ("asyncio", "pickle"),
     "mistralai.client.utils": ("asyncio",),
     "trio": ("ssl",),
-    "httpcore": ("ssl",),
+    "httpcore": ("ssl", "certifi", "anyio"),
     "http.client": ("ssl",),
     "urllib.request": ("ssl",),
 }

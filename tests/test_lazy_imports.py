@@ -146,6 +146,8 @@ NOT_BEFORE_THE_FIRST_REQUEST = (
     "_hashlib",  # OpenSSL's digests (libcrypto, 3.4 MB): hashlib uses its builtin ones
     "ctypes",  # Trio names its worker threads through /proc instead
     "pickle",  # structlog's PicklingError is _pickle's
+    "certifi",  # httpcore's CA bundle, for TLS only
+    "anyio",  # httpcore's locks under asyncio; harness runs on Trio
     "mistralai.client.models.completionchunk",  # the reply's model: after the request
 )
 

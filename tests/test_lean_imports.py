@@ -74,6 +74,15 @@ assert "asyncio" not in sys.modules
 utils = sys.modules["mistralai.client.utils"]
 import asyncio
 assert utils.asyncio.to_thread is asyncio.to_thread
+# httpcore's certifi (for TLS) and anyio (for asyncio) come on first use.
+assert "certifi" not in sys.modules and "anyio" not in sys.modules
+import httpcore._ssl, httpcore._synchronization
+assert httpcore._ssl.default_ssl_context().verify_mode == 2  # ssl.CERT_REQUIRED
+async def lock_under_asyncio():
+    async with httpcore._synchronization.AsyncLock():
+        return "locked"
+assert asyncio.run(lock_under_asyncio()) == "locked"
+assert "certifi" in sys.modules and "anyio" in sys.modules
 from mistralai.client import Mistral  # the whole SDK still loads and builds a client
 assert Mistral(api_key="x").chat is not None
 assert not any(type(f).__name__ == "_LeanFinder" for f in sys.meta_path)  # all done: it left
