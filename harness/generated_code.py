@@ -9,7 +9,8 @@ of compiling, the same source into the same code every time. The same goes for
 seeded afresh in each process, is dealt with in ``_AttrsCompile``) and for
 ``typing.ForwardRef``, which compiles its expression when it is made (~1,150 of them
 before the first request, most for pydantic-core's ``TypedDict`` schemas): ``typing``
-and ``attr._make`` get a ``compile`` of their own (``_Compile``, ``_AttrsCompile``).
+and ``attr._make`` get a ``compile`` of their own (``_Compile``, ``_AttrsCompile``). And
+for ``re``: the ~100 patterns the libraries compile as they load (``_RegexCompile``).
 
 This module keeps the code objects, by their exact source (and file name), in a cache
 file as Python keeps a module's bytecode in ``__pycache__``: one file per interpreter
@@ -35,6 +36,7 @@ import __future__
 import atexit
 import builtins
 import contextlib
+import importlib
 import importlib.util
 import marshal
 import os
@@ -61,8 +63,9 @@ _SIZE = struct.Struct("<Q")
 _index: dict[bytes, object] = {}
 _base = 0  # where the blobs begin in the open file
 _fd: int | None = None
-# What this process compiled itself, added to the file at exit.
-_new: dict[bytes, types.CodeType] = {}
+# What this process compiled itself, added to the file at exit: code objects, and the
+# parts of compiled regular expressions (``_RegexCompile``).
+_new: dict[bytes, Any] = {}
 _path: Path | None = None
 
 
@@ -92,6 +95,7 @@ def install() -> None:
         dataclasses.exec = _Exec(dataclasses)  # type: ignore[attr-defined]
     if "compile" not in vars(typing):
         typing.compile = _Compile()  # type: ignore[attr-defined]
+    _install_regex_cache()
     atexit.register(save)
 
 
@@ -131,15 +135,20 @@ def _is_span(span: object) -> TypeGuard[tuple[int, int]]:
 
 
 def _cached(key: bytes) -> types.CodeType | None:
+    code = _cached_value(key)
+    return code if isinstance(code, types.CodeType) else None
+
+
+def _cached_value(key: bytes) -> object:
+    """What the file holds for ``key`` (the caller checks its type), or None."""
     span = _index.get(key)
     if _fd is None or not _is_span(span):
         return None
     at, size = span
     try:
-        code = marshal.loads(os.pread(_fd, size, _base + at))
+        return marshal.loads(os.pread(_fd, size, _base + at))
     except (OSError, ValueError, EOFError, TypeError, OverflowError):
         return None
-    return code if isinstance(code, types.CodeType) else None
 
 
 def _blobs(path: Path) -> dict[bytes, bytes]:
@@ -172,7 +181,9 @@ def save() -> None:
     blobs = _blobs(_path)
     if len(blobs) + len(_new) > MAX_ENTRIES:
         blobs = {}
-    blobs.update((key, marshal.dumps(code)) for key, code in _new.items())
+    for key, value in _new.items():
+        with contextlib.suppress(ValueError):  # not marshallable: kept in this process only
+            blobs[key] = marshal.dumps(value)
     _new.clear()
     index: dict[bytes, tuple[int, int]] = {}
     offset = 0
@@ -216,7 +227,8 @@ def _key(source: str, filename: str, flags: int, mode: str) -> bytes:
 
 def _compiled(source: str, filename: str, flags: int, mode: str = "exec") -> types.CodeType:
     key = _key(source, filename, flags, mode)
-    code = _new.get(key) or _cached(key)
+    new = _new.get(key)
+    code = new if isinstance(new, types.CodeType) else _cached(key)
     if code is None:
         code = builtins.compile(source, filename, mode, flags=flags, dont_inherit=True)
         _new[key] = code  # missing, or unreadable: the file gets it (again) at exit
@@ -333,3 +345,87 @@ def install_attrs(module: types.ModuleType) -> None:
     """Give ``attr._make`` (just loaded) its ``compile``; called by harness.lean_imports."""
     if _path is not None and "compile" not in vars(module):
         vars(module)["compile"] = _AttrsCompile()
+
+
+def _install_regex_cache() -> None:
+    """Give ``re._compiler`` its ``compile`` (CPython 3.11-3.13, where it is the same)."""
+    compiler = importlib.import_module("re._compiler")  # no type stubs: a module
+    known = sys.version_info < (3, 14) and sys.implementation.name == "cpython"
+    parts = ("_parser", "_code", "_sre", "isstring", "SRE_FLAG_DEBUG")
+    if (
+        known
+        and all(hasattr(compiler, name) for name in parts)
+        and not isinstance(vars(compiler).get("compile"), _RegexCompile)
+    ):
+        vars(compiler)["compile"] = _RegexCompile(compiler)
+
+
+class _RegexCompile:
+    """``re``'s compiler: a pattern's code from the cache, not parsed and compiled again.
+
+    A run compiles ~110 regular expressions before its first request (module-level
+    ``re.compile`` in the libraries, email's, pydantic's, httpx's…): ~13 ms of parsing
+    and code generation in Python, the same every time. What ``re._compiler.compile``
+    hands to ``_sre.compile`` (the final flags, the code, the group count and names) is
+    kept by the pattern's type, text and flags; a pattern found is made by
+    ``_sre.compile`` from exactly those, which checks the code before it takes it. The
+    rest is ``re._compiler.compile``'s own steps, unchanged since 3.11 (a test compares
+    every pattern with the one ``re`` makes itself).
+    """
+
+    def __init__(self, compiler: types.ModuleType) -> None:
+        self._compiler = compiler
+        self._original = compiler.compile
+
+    def __call__(self, p: Any, flags: int = 0) -> Any:
+        compiler = self._compiler
+        if not compiler.isstring(p) or flags & compiler.SRE_FLAG_DEBUG:
+            return self._original(p, flags)
+        text = p if isinstance(p, str) else repr(p)
+        key = _key(f"{type(p).__name__}\0{text}", "<regex>", int(flags), "re")
+        parts = _new.get(key) or _cached_value(key)
+        if _are_regex_parts(parts):
+            try:
+                return compiler._sre.compile(p, *parts)
+            except (RuntimeError, TypeError, ValueError):
+                pass  # not code _sre takes: made afresh below
+        parsed = compiler._parser.parse(p, flags)
+        # Plain ints: the opcodes are an int subclass of re's, which marshal does not take.
+        code = [int(word) for word in compiler._code(parsed, flags)]
+        groupindex = parsed.state.groupdict
+        indexgroup: list[str | None] = [None] * parsed.state.groups
+        for name, index in groupindex.items():
+            indexgroup[index] = name
+        made = (int(flags | parsed.state.flags), code, parsed.state.groups - 1, groupindex)
+        parts = (*made, tuple(indexgroup))
+        if self._from_a_module_body():
+            _new[key] = parts
+        return compiler._sre.compile(p, *parts)
+
+    def _from_a_module_body(self) -> bool:
+        """Whether ``re`` was called by a module's or a class's body, not a function.
+
+        Those patterns are the module's constants, the same text in every process; a
+        function may build its text afresh each time (tokenize's, from a set whose order
+        follows the string hash seed), and keeping it would rewrite the file each run.
+        """
+        package = os.path.dirname(self._compiler.__file__ or "") + os.sep
+        frame: types.FrameType | None = sys._getframe(2)
+        while frame is not None and frame.f_code.co_filename.startswith(package):
+            frame = frame.f_back
+        return frame is not None and not frame.f_code.co_flags & _CO_OPTIMIZED
+
+
+_CO_OPTIMIZED = 0x0001  # a function's code (inspect.CO_OPTIMIZED); module and class bodies lack it
+
+
+def _are_regex_parts(parts: object) -> TypeGuard[tuple[Any, ...]]:
+    return (
+        type(parts) is tuple
+        and len(parts) == 5
+        and type(parts[0]) is int
+        and type(parts[1]) is list
+        and type(parts[2]) is int
+        and type(parts[3]) is dict
+        and type(parts[4]) is tuple
+    )

@@ -281,3 +281,61 @@ def test_an_attrs_script_that_holds_the_stand_in_number_is_compiled_as_it_is() -
                 assert mine.co_linetable == real.co_linetable
             else:
                 assert mine == real
+
+
+_REGEX = """
+import json, re, sys
+import re._compiler as compiler
+from harness import generated_code
+generated_code.install()
+hook = compiler.compile
+assert type(hook).__name__ == "_RegexCompile"
+seen = []
+def recording(p, flags=0):
+    seen.append((p, flags))
+    return hook(p, flags)
+compiler.compile = recording
+import harness.runtime, harness.providers.mistral, httpx, email.parser  # a run's patterns
+compiler.compile = hook
+patterns = [
+    (r"(?P<year>\\d{4})-(?P<month>\\d\\d)", 0), (r"^a.*b$", re.I | re.M | re.S),
+    (rb"[\\x00-\\x1f]+", 0), (r"(?x) a  b # comment", 0), (r"(?<=x)y|(?!z)w", 0),
+    (r"[\\u00e9\\w]+", re.A), (r"(a)(b)?(?(2)c|d)", 0),
+]
+checked = 0
+for p, flags in seen + patterns:
+    ours, theirs = hook(p, flags), hook._original(p, flags)
+    assert ours == theirs, p
+    same = (ours.flags, ours.groups, ours.groupindex)
+    assert same == (theirs.flags, theirs.groups, theirs.groupindex), p
+    checked += 1
+m = hook(*patterns[0]).match("2026-12")
+try:
+    hook("(unclosed", 0)
+    error = None
+except re.error as exc:
+    error = str(exc)
+print(json.dumps({"checked": checked, "seen": len(seen), "match": m.groupdict(), "error": error,
+                  "new": sum(1 for v in generated_code._new.values() if isinstance(v, tuple))}))
+"""
+
+
+def test_regular_expressions_from_the_cache_are_the_ones_re_compiles(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+
+    def run() -> dict[str, object]:
+        env = dict(os.environ, XDG_CACHE_HOME=str(cache))
+        done = subprocess.run(
+            [sys.executable, "-c", _REGEX], capture_output=True, text=True, env=env, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        result: dict[str, object] = json.loads(done.stdout.splitlines()[-1])
+        return result
+
+    first, second = run(), run()
+    for result in (first, second):
+        assert isinstance(result["seen"], int) and result["seen"] >= 50  # the run's own
+        assert result["match"] == {"year": "2026", "month": "12"}
+        assert result["error"] == "missing ), unterminated subpattern at position 0"
+    assert isinstance(first["new"], int) and first["new"] >= 50
+    assert second["new"] == 0  # every pattern came from the file, equal to re's own
