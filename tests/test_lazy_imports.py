@@ -148,6 +148,7 @@ NOT_BEFORE_THE_FIRST_REQUEST = (
     "pickle",  # structlog's PicklingError is _pickle's
     "certifi",  # httpcore's CA bundle, for TLS only
     "anyio",  # httpcore's locks under asyncio; harness runs on Trio
+    "difflib",  # diffs and close spellings: when a file changed or was not found
     "mistralai.client.models.completionchunk",  # the reply's model: after the request
 )
 
