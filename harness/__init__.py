@@ -41,6 +41,7 @@ if TYPE_CHECKING:
         load_settings,
         read_project,
     )
+    from harness.context.system import prefetch_environment
     from harness.frontmatter import use_store as use_front_matter_store
     from harness.lean_imports import install as install_lean_imports
     from harness.logs import configure_logging
@@ -63,6 +64,7 @@ if TYPE_CHECKING:
     from harness.terminal_text import printable, printable_data
     from harness.tools.base import ToolContext
     from harness.tools.python_tool import ToolDefinitionError, tool
+    from harness.tools.sandbox import start_probe as start_sandbox_probe
     from harness.trace import render_trace
 
 __all__ = [
@@ -109,6 +111,7 @@ __all__ = [
     "open_private",
     "open_reader",
     "parse_rule_flag",
+    "prefetch_environment",
     "printable",
     "printable_data",
     "private_dir",
@@ -120,6 +123,7 @@ __all__ = [
     "resolve_model",
     "serve",
     "serve_acp",
+    "start_sandbox_probe",
     "tool",
     "usable_socket_path",
     "use_front_matter_store",
@@ -175,6 +179,8 @@ _WHERE = {
     "configure_logging": ("harness.logs", "configure_logging"),
     # What the CLI's processes leave out of their libraries' imports (issue 14).
     "install_lean_imports": ("harness.lean_imports", "install"),
+    "start_sandbox_probe": ("harness.tools.sandbox", "start_probe"),
+    "prefetch_environment": ("harness.context.system", "prefetch_environment"),
     "open_private": ("harness.private", "open_private"),
     "private_dir": ("harness.private", "private_dir"),
     "probe_mcp_servers": ("harness.actors.mcp_client", "probe"),

@@ -18,17 +18,34 @@ that embeds harness keeps its libraries as they are. Measured on a ``harness run
   its client's retries and threads; harness uses only its models). While they load,
   ``asyncio`` is a stand-in that imports the real package on first use, so those
   functions would still work.
+- *httpcore* imports ``certifi`` (and ``importlib.resources``) for its default TLS
+  context and ``anyio`` for its locks under asyncio: stand-ins until used.
+- *pickle* (and ``_compat_pickle``'s tables) for the one exception structlog raises when
+  a logger is pickled: ``PicklingError`` comes from ``_pickle``, the same class.
 - *ssl* (OpenSSL's TLS state: 2.2 MB, ~10 ms) is imported at module level by Trio,
   httpcore, ``http.client`` and ``urllib.request``, which use it only to make or check
   a TLS connection. A run that never speaks TLS (the scripted model, a local
   ``http://`` server) never needs it; one that does imports it on its first use.
+- *hashlib* and *hmac* bind their constructors to OpenSSL's (``_hashlib``) when it loads:
+  ``libcrypto`` mapped into the process, 3.4 MB of a run's 53 MB peak RSS (issue 14),
+  for a few short SHA-256s (tool-call ids, file snapshots' keys) and ``secrets``'
+  ``compare_digest``. While they load ``_hashlib`` is missing, so they use the
+  interpreter's own ``_sha256``/``_blake2``/``_md5``… (the same digests; SHA-256 at
+  ~200 MB/s instead of ~1.6 GB/s, against the ledger's zlib that is the slower one) and
+  ``_operator.compare_digest``. Only OpenSSL-only names (``hashlib.new("ripemd160")``,
+  ``scrypt``) are missing; ``ssl``, imported by the first TLS connection, loads OpenSSL
+  as always.
+- *Trio's thread cache* finds and loads libpthread through ``ctypes`` when it loads
+  (``ctypes.util`` runs ``/sbin/ldconfig -p``), to name its worker threads: on Linux
+  they are named through ``/proc`` instead (``_ThreadNamesLater``).
 - *pydantic* looks for plugins (an ``importlib.metadata`` scan of every installed
   distribution's entry points, 16 more modules) when it builds its first model. harness's
   processes run without pydantic plugins, as ``PYDANTIC_DISABLE_PLUGINS=__all__`` would
   have it, without setting that variable for the commands they run.
 
 And the methods ``dataclasses`` generates for each class come compiled from a cache
-(``harness.generated_code``).
+(``harness.generated_code``), and the tools' JSON schemas and Mistral's request frames
+from another (``harness.machine_cache``).
 
 Each is done only when the module is not loaded yet, and only while its library loads;
 anything imported afterwards (``rich`` by ``harness chat``, ``asyncio`` by the MCP SDK,
@@ -40,7 +57,9 @@ stood-in module meanwhile gets the stand-in, which works; the hidden ones (``ric
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+import threading
 import types
 import typing
 from collections.abc import Iterator, Sequence
@@ -48,7 +67,7 @@ from contextlib import ExitStack, contextmanager
 from importlib.machinery import ModuleSpec
 from typing import TYPE_CHECKING, Any, cast
 
-from harness import generated_code
+from harness import generated_code, machine_cache
 
 if TYPE_CHECKING:
     from importlib.abc import Loader  # importlib.abc itself loads importlib.resources
@@ -57,13 +76,15 @@ if TYPE_CHECKING:
 HIDDEN = {
     "structlog": ("rich", "better_exceptions", "colorama"),
     "httpx": ("click", "rich", "pygments"),
+    "hashlib": ("_hashlib",),
+    "hmac": ("_hashlib",),
 }
 # A library → the modules it gets as stand-ins that import the real one on first use.
 DEFERRED = {
-    "structlog": ("asyncio",),
+    "structlog": ("asyncio", "pickle"),
     "mistralai.client.utils": ("asyncio",),
     "trio": ("ssl",),
-    "httpcore": ("ssl",),
+    "httpcore": ("ssl", "certifi", "anyio"),
     "http.client": ("ssl",),
     "urllib.request": ("ssl",),
 }
@@ -71,18 +92,27 @@ DEFERRED = {
 # (httpcore/_ssl.py has no ``from __future__ import annotations``): meanwhile, forward
 # references; afterwards, asked of the real module like any other name.
 ANNOTATED = {"ssl": ("SSLContext",)}
+# What a deferred module's importers take from it by name as they load, and where the very
+# same object is found without the module: structlog's ``from pickle import
+# PicklingError`` (the C accelerator's class, which ``pickle`` itself re-exports).
+PROVIDED = {"pickle": {"PicklingError": "_pickle"}}
 # pydantic's plugin loader, replaced by one that finds no plugin.
 PLUGIN_LOADER = "pydantic.plugin._loader"
+# Trio's worker threads, which name their OS threads through ctypes (see _ThreadNamesLater).
+THREAD_CACHE = "trio._core._thread_cache"
+# attrs' class builder, whose generated methods come compiled from harness.generated_code.
+ATTRS_BUILDER = "attr._make"
 
 
 def install() -> None:
     """Put the finder first on ``sys.meta_path`` (idempotent); it leaves when done."""
-    generated_code.install()
-    if any(isinstance(finder, _LeanFinder) for finder in sys.meta_path):
-        return
-    waiting = {name for name in (*HIDDEN, *DEFERRED, PLUGIN_LOADER) if name not in sys.modules}
-    if waiting:
-        sys.meta_path.insert(0, _LeanFinder(waiting))
+    if not any(isinstance(finder, _LeanFinder) for finder in sys.meta_path):
+        names = (*HIDDEN, *DEFERRED, PLUGIN_LOADER, THREAD_CACHE, ATTRS_BUILDER)
+        waiting = {name for name in names if name not in sys.modules}
+        if waiting:
+            sys.meta_path.insert(0, _LeanFinder(waiting))
+    generated_code.install()  # after the finder: its keys are hashed with hashlib
+    machine_cache.enable()
 
 
 class _LeanFinder:
@@ -103,7 +133,9 @@ class _LeanFinder:
             return ModuleSpec(name, cast("Loader", _NoPlugins()))
         spec = self._real_spec(name, path, target)
         if spec is not None and spec.loader is not None:
-            trimmed = _Trimmed(spec.loader, HIDDEN.get(name, ()), DEFERRED.get(name, ()))
+            kinds = {THREAD_CACHE: _ThreadNamesLater, ATTRS_BUILDER: _AttrsBuilder}
+            kind = kinds.get(name, _Trimmed)
+            trimmed = kind(spec.loader, HIDDEN.get(name, ()), DEFERRED.get(name, ()))
             spec.loader = cast("Loader", trimmed)
         return spec
 
@@ -145,6 +177,90 @@ class _Trimmed:
             self._loader.exec_module(module)
 
 
+class _AttrsBuilder(_Trimmed):
+    """``attr._make``, then its ``compile`` from ``harness.generated_code``."""
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        super().exec_module(module)
+        generated_code.install_attrs(module)
+
+
+class _ThreadNamesLater(_Trimmed):
+    """Trio's thread cache, naming its threads without ``ctypes``.
+
+    At import it finds libpthread with ``ctypes.util.find_library`` (which runs
+    ``/sbin/ldconfig -p``) and loads it with ``ctypes``: ~10 ms of CPU and a subprocess
+    before the first request (ctypes alone is ~9 ms), to name its worker threads as the
+    OS shows them (``ps -L``, debuggers) while a named job runs. Trio names a thread only
+    from within it, and Linux keeps a thread's name in ``/proc/thread-self/comm``, which
+    is what glibc's ``pthread_setname_np`` writes for another thread too. While the
+    module loads, ``ctypes`` is a stand-in that finds no library; afterwards its
+    ``set_os_thread_name`` writes that file (~6 µs, against ~3 µs through ctypes), and
+    falls back to Trio's own function with the real ``ctypes`` for anything else.
+    """
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        if "ctypes" in sys.modules or not sys.platform.startswith("linux"):
+            super().exec_module(module)
+            return
+        with _stand_in("ctypes"), _stand_in("ctypes.util"):
+            stand_in = sys.modules["ctypes"]
+            util = sys.modules["ctypes.util"]
+            vars(stand_in).update(util=util, CDLL=_no_library_loaded)
+            vars(util)["find_library"] = _no_library
+            super().exec_module(module)
+        namer = getattr(module, "get_os_thread_name_func", None)
+        if callable(namer) and getattr(module, "set_os_thread_name", 0) is None:
+            vars(module)["set_os_thread_name"] = _ThreadNamer(module, namer)
+        if getattr(module, "ctypes", None) is stand_in:
+            vars(module)["ctypes"] = _Deferred("ctypes")
+
+
+def _no_library(name: str) -> None:
+    return None
+
+
+def _no_library_loaded(*args: object, **kwargs: object) -> None:
+    raise OSError("ctypes is loaded on first use (harness.lean_imports)")
+
+
+class _ThreadNamer:
+    """Trio's ``set_os_thread_name``: the calling thread's name through ``/proc``."""
+
+    def __init__(self, module: types.ModuleType, make: Any) -> None:
+        self._module = module
+        self._make = make
+        self._encode = getattr(module, "_to_os_thread_name", None)
+
+    def __call__(self, ident: int | None, name: str) -> None:
+        if ident is None:
+            return  # a thread not started yet, which Trio's function leaves unnamed too
+        if ident == threading.get_ident() and callable(self._encode):
+            try:
+                fd = os.open("/proc/thread-self/comm", os.O_WRONLY)
+                try:
+                    os.write(fd, self._encode(name))
+                finally:
+                    os.close(fd)
+                return
+            except OSError:
+                pass
+        self._through_ctypes()(ident, name)
+
+    def _through_ctypes(self) -> Any:
+        """Trio's own function, made with the real ``ctypes`` (as without harness)."""
+        import ctypes.util
+
+        vars(self._module)["ctypes"] = ctypes
+        real = self._make() or _unnamed
+        vars(self._module)["set_os_thread_name"] = real
+        return real
+
+
+def _unnamed(ident: int | None, name: str) -> None:
+    return None
+
+
 @contextmanager
 def _hidden(name: str) -> Iterator[None]:
     """``import name`` raises ImportError in this block, unless it is already loaded."""
@@ -163,6 +279,10 @@ class _Deferred(types.ModuleType):
     """Stands in for a module not imported yet: any attribute asked imports the real one."""
 
     def __getattr__(self, attribute: str) -> Any:
+        if attribute == "__path__":
+            # Asked by every ``from name import x`` (is it a package?): answering it would
+            # import the real module before ``x`` is even looked up among what we hold.
+            raise AttributeError(attribute)
         name = self.__name__
         if sys.modules.get(name) is self:
             del sys.modules[name]
@@ -178,11 +298,14 @@ def _stand_in(name: str) -> Iterator[None]:
     annotated = ANNOTATED.get(name, ())
     for attribute in annotated:
         setattr(stand_in, attribute, typing.ForwardRef(f"{name}.{attribute}"))
+    provided = PROVIDED.get(name, {})
+    for attribute, source in provided.items():
+        setattr(stand_in, attribute, getattr(importlib.import_module(source), attribute))
     sys.modules[name] = stand_in
     try:
         yield
     finally:
-        for attribute in annotated:
+        for attribute in (*annotated, *provided):
             vars(stand_in).pop(attribute, None)
         if sys.modules.get(name) is stand_in:
             del sys.modules[name]

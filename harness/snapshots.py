@@ -20,7 +20,6 @@ last wrote there.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import hashlib
 import os
 import time
@@ -74,6 +73,8 @@ def line_counts(before: bytes | None, after: bytes | None) -> tuple[int, int]:
     new_mid = new[start : len(new) - end]
     if not old_mid or not new_mid or max(len(old_mid), len(new_mid)) > _DIFF_LINES_LIMIT:
         return len(new_mid), len(old_mid)
+    import difflib  # here: a run loads it only when a file changed (issue 14)
+
     added = removed = 0
     matcher = difflib.SequenceMatcher(None, old_mid, new_mid, autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
@@ -277,6 +278,8 @@ def _unified(before: bytes | None, after: bytes | None, name: str) -> list[str]:
         new = after.decode("utf-8") if after else ""
     except UnicodeDecodeError:
         return [f"--- {old_name}\n", f"+++ {new_name}\n", f"Binary files {name} differ\n"]
+    import difflib
+
     lines = difflib.unified_diff(
         old.splitlines(keepends=True),
         new.splitlines(keepends=True),

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from harness import Config, open_harness
 from harness.gitsafe import filter_drivers, git_output, run_git, run_git_sync
 from harness.providers.scripted import ScriptedProvider
@@ -123,6 +125,42 @@ async def test_a_turns_environment_block_runs_nothing(tmp_path: Path) -> None:
     system = "\n".join(provider.requests[0].system)
     assert "Git repository: yes" in system and "?? .gitattributes" in system
     assert not marker.exists(), marker.read_text()
+
+
+async def test_a_prefetched_environment_is_the_turns_own_and_runs_git_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``prefetch_environment`` (what ``harness run`` starts before opening the harness)
+    runs the block's git processes on its own; the turn's call then runs none."""
+    import shutil
+
+    import trio
+
+    from harness.context import system
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    (repo / "a.txt").write_text("a\n")
+    calls = tmp_path / "git-calls"
+    wrapper = tmp_path / "bin" / "git"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexec {shutil.which("git")} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{wrapper.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(system, "_environment", {})
+
+    reference = await system._environment_block(repo.resolve())  # no cache: the block itself
+    each = calls.read_text().count("\n")
+    assert each >= 2 and "Git status:" in reference.text
+    calls.unlink()
+
+    system.prefetch_environment(repo)
+    with trio.fail_after(10):  # it runs with nobody waiting for it
+        while not calls.exists() or calls.read_text().count("\n") < each:
+            await trio.sleep(0.01)
+    assert await system.environment_block(repo.resolve()) == reference
+    assert calls.read_text().count("\n") == each  # the turn's call ran no git
 
 
 # --- writes under .git need git_internal ----------------------------------------------------

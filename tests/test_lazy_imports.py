@@ -143,6 +143,12 @@ NOT_BEFORE_THE_FIRST_REQUEST = (
     "importlib.metadata",  # pydantic's plugin scan
     "harness.messages.api",  # the daemon API's 25 request and answer models
     "ssl",  # OpenSSL's TLS: the server is plain http:// (Trio and httpcore defer it)
+    "_hashlib",  # OpenSSL's digests (libcrypto, 3.4 MB): hashlib uses its builtin ones
+    "ctypes",  # Trio names its worker threads through /proc instead
+    "pickle",  # structlog's PicklingError is _pickle's
+    "certifi",  # httpcore's CA bundle, for TLS only
+    "anyio",  # httpcore's locks under asyncio; harness runs on Trio
+    "difflib",  # diffs and close spellings: when a file changed or was not found
     "mistralai.client.models.completionchunk",  # the reply's model: after the request
 )
 

@@ -421,6 +421,37 @@ def test_a_missing_bwrap_falls_back_to_off_with_a_reason(
     assert Sandbox.open("off", bwrap=str(broken)).notice is None  # asked for none: no notice
 
 
+def test_a_probe_started_ahead_gives_the_probe_s_answer(tmp_path: Path) -> None:
+    """``start_probe`` (what ``harness run`` calls before its imports) runs the probe in
+    the background; ``Sandbox.open`` then takes its answer, with no second bwrap."""
+    import time
+
+    from harness.tools import sandbox
+
+    starts = tmp_path / "starts"
+    fake = {}
+    for name, ending in (("ok", "exit 0"), ("broken", "echo 'bwrap: no namespaces' >&2; exit 1")):
+        path = tmp_path / name / "bwrap"
+        path.parent.mkdir()
+        path.write_text(f"#!/bin/sh\necho started >> {starts}\nsleep 0.3\n{ending}\n")
+        path.chmod(0o755)
+        fake[name] = path
+    begun = time.monotonic()
+    for path in fake.values():
+        sandbox.start_probe(str(path))
+    assert time.monotonic() - begun < 0.25  # started, not waited for
+    time.sleep(0.1)
+    assert starts.read_text().count("started") == 2  # running while we went on
+    working = Sandbox.open("workspace-write", bwrap=str(fake["ok"]))
+    assert working.mode == "workspace-write" and working.unavailable is None
+    failing = Sandbox.open("workspace-write", bwrap=str(fake["broken"]))
+    assert failing.mode == "off"
+    assert failing.unavailable is not None and "no namespaces" in failing.unavailable
+    sandbox.start_probe(str(fake["ok"]))  # answered already: nothing more is started
+    assert Sandbox.open("read-only", bwrap=str(fake["ok"])).mode == "read-only"
+    assert starts.read_text().count("started") == 2
+
+
 def test_modes_parse_and_bad_values_are_config_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     assert parse_sandbox_mode(" Read-Only ") == "read-only"
     with pytest.raises(ValueError, match="expected one of workspace-write, read-only, off"):

@@ -154,6 +154,11 @@ def _start(args: argparse.Namespace) -> int:
         **values,
     )
     config.log_file = config.home / "logs" / f"run-{time.strftime('%Y%m%d')}.jsonl"
+    if config.sandbox != "off":
+        # bwrap's probe runs while the harness's own modules load (~10-20 ms of waiting).
+        from harness import start_sandbox_probe
+
+        start_sandbox_probe(config.sandbox_bwrap)
     return trio.run(_run_embedded, config, args, text, directory)
 
 
@@ -223,6 +228,10 @@ async def _run_embedded(
     from harness.commands.follow import HarnessReplies, TurnFollower
 
     view_code: int | None = None
+    if not args.session:
+        from harness import prefetch_environment
+
+        prefetch_environment(directory)  # git runs while the harness opens
     try:
         async with open_harness(config) as h:
             try:

@@ -18,11 +18,13 @@ import string
 import sys
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, asynccontextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import pydantic
 
+from harness import machine_cache
 from harness.messages.model import Tokens
 from harness.messages.provider import (
     AssistantTurn,
@@ -53,20 +55,20 @@ from harness.providers.wire import SystemText, WireCache, WireMessage, system_te
 with models_without_the_client():  # the models only: not the SDK's client (see there)
     # Each from the module that defines it: the models package's own body is not needed.
     from mistralai.client.models.assistantmessage import AssistantMessage
-    from mistralai.client.models.chatcompletionstreamrequest import ChatCompletionStreamRequest
-    from mistralai.client.models.function import Function
     from mistralai.client.models.functioncall import FunctionCall
     from mistralai.client.models.systemmessage import SystemMessage
     from mistralai.client.models.textchunk import TextChunk
     from mistralai.client.models.thinkchunk import ThinkChunk
-    from mistralai.client.models.tool import Tool
     from mistralai.client.models.toolcall import ToolCall
     from mistralai.client.models.toolmessage import ToolMessage
     from mistralai.client.models.usermessage import UserMessage
     from mistralai.client.types import UNSET
 
 if TYPE_CHECKING:
+    from mistralai.client.models.chatcompletionstreamrequest import ChatCompletionStreamRequest
     from mistralai.client.models.completionchunk import CompletionChunk
+    from mistralai.client.models.function import Function
+    from mistralai.client.models.tool import Tool
     from mistralai.client.models.usageinfo import UsageInfo
 
 
@@ -82,9 +84,33 @@ def chunk_model() -> type[CompletionChunk]:
     return CompletionChunk
 
 
+@functools.cache
+def request_models() -> tuple[type[ChatCompletionStreamRequest], type[Tool], type[Function]]:
+    """The SDK's request model and its tools' models, imported when a frame is made.
+
+    ``ChatCompletionStreamRequest`` names every field of the API (guardrails, connectors,
+    prediction…): 23 modules of models, ~25 ms and ~1 MB that only the request's frame
+    (all but its messages) needs, and the CLI keeps the frames it made in the machine's
+    cache (``harness.machine_cache``): a run whose tools and options were seen before
+    sends its first request without them.
+    """
+    with models_without_the_client():
+        from mistralai.client.models.chatcompletionstreamrequest import (
+            ChatCompletionStreamRequest,
+        )
+        from mistralai.client.models.function import Function
+        from mistralai.client.models.tool import Tool
+    return ChatCompletionStreamRequest, Tool, Function
+
+
+_REQUEST_MODELS = {"ChatCompletionStreamRequest": 0, "Tool": 1, "Function": 2}
+
+
 def __getattr__(name: str) -> Any:
     if name in ("CompletionChunk", "UsageInfo"):  # the SDK's, as the rest of the models
         return getattr(sys.modules[chunk_model().__module__], name)
+    if name in _REQUEST_MODELS:
+        return request_models()[_REQUEST_MODELS[name]]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -195,11 +221,12 @@ def build_request(request: ProviderRequest) -> ChatCompletionStreamRequest:
 def _request_model(
     request: ProviderRequest, messages: list[ChatMessage]
 ) -> ChatCompletionStreamRequest:
+    request_model, tool_model, function_model = request_models()
     options: dict[str, Any] = {}
     if request.tools:
         options["tools"] = [
-            Tool(
-                function=Function(
+            tool_model(
+                function=function_model(
                     name=spec.name, description=spec.description, parameters=spec.parameters
                 )
             )
@@ -211,9 +238,7 @@ def _request_model(
         options["max_tokens"] = request.max_tokens
     if request.temperature is not None:
         options["temperature"] = request.temperature
-    return ChatCompletionStreamRequest(
-        model=request.model, messages=messages, stream=True, **options
-    )
+    return request_model(model=request.model, messages=messages, stream=True, **options)
 
 
 def encode_request(request: ProviderRequest) -> bytes:
@@ -284,7 +309,44 @@ def _encode_whole(request: ProviderRequest, messages: list[ChatMessage]) -> byte
 
 def request_cache() -> WireCache:
     """Bodies byte-identical to ``encode_request``, each message built and checked once."""
-    return WireCache(encode_message, _encode_whole, lambda text: SystemMessage(content=text))
+    return WireCache(
+        encode_message,
+        _encode_whole,
+        lambda text: SystemMessage(content=text),
+        frame_key=frame_key,
+    )
+
+
+def frame_key(request: ProviderRequest) -> str | None:
+    """What a request's frame is kept under in the machine's cache (``WireCache``).
+
+    The frame is a function of the request's options and tools, the SDK's request
+    models and pydantic (their sources' size and time, and versions), and the code here
+    that builds it: all of it is in the key, the tools' schemas as JSON in their own key
+    order (the serialized body keeps it). None when the CLI keeps no cache.
+    """
+    if not machine_cache.enabled():
+        return None
+    models = Path(sys.modules[SystemMessage.__module__].__file__ or "").parent
+    stamp = machine_cache.source_stamp(
+        __file__,
+        sys.modules[WireCache.__module__].__file__,
+        str(models / "chatcompletionstreamrequest.py"),
+        str(models / "tool.py"),
+        str(models / "function.py"),
+        str(models.parent / "_version.py"),
+    )
+    if stamp is None:
+        return None
+    tools = [[spec.name, spec.description, spec.parameters] for spec in request.tools]
+    options = [request.model, request.tool_choice, request.max_tokens, request.temperature]
+    versions = [sys.version, pydantic.VERSION]
+    try:
+        text = json.dumps([versions, stamp, options, tools], ensure_ascii=False)
+    except (TypeError, ValueError):
+        return None  # a schema JSON cannot hold: built each time, and the SDK says why
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"mistral:{digest}"
 
 
 def tokens_of(usage: UsageInfo | None) -> Tokens:

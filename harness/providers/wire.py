@@ -20,12 +20,16 @@ request at once would give.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from harness import machine_cache
 from harness.messages.provider import ChatMessage, ProviderRequest, ToolSpec
+
+FRAME_CACHE = "request-frames"  # the machine cache's file of request frames
 
 
 @dataclass(slots=True, frozen=True)
@@ -82,7 +86,9 @@ class WireCache:
         sentinel_message: Callable[[str], Any],
         *,
         separator: bytes = b",",
+        frame_key: Callable[[ProviderRequest], str | None] | None = None,
     ) -> None:
+        self._frame_key = frame_key
         self._encode_message = encode_message
         self._encode_whole = encode_whole
         self._sentinel_message = sentinel_message
@@ -176,6 +182,27 @@ class WireCache:
         envelope = self._envelopes.get(key)
         if envelope is not None and envelope.tools is request.tools:
             return envelope
+        # The machine's cache (the CLI's): this frame, made by an earlier run from exactly
+        # these inputs, spares building the provider's request models at start-up.
+        frame = self._frame_key(request) if self._frame_key is not None else None
+        kept = machine_cache.lookup(FRAME_CACHE, frame) if frame is not None else None
+        if isinstance(kept, list) and len(kept) == 2 and all(isinstance(p, str) for p in kept):
+            head, tail = kept[0].encode("utf-8"), kept[1].encode("utf-8")
+        else:
+            head, tail = self._frame(request)
+            if frame is not None:
+                with contextlib.suppress(UnicodeDecodeError):
+                    machine_cache.store(FRAME_CACHE, frame, [head.decode(), tail.decode()])
+        envelope = _Envelope(request.tools, head, tail)
+        # The runner keeps two tool sets (all tools, and none on a final step): a handful of
+        # envelopes is all a session needs, so drop them all should options keep changing.
+        if len(self._envelopes) >= 8:
+            self._envelopes.clear()
+        self._envelopes[key] = envelope
+        return envelope
+
+    def _frame(self, request: ProviderRequest) -> tuple[bytes, bytes]:
+        """The body before and after its messages, cut from a whole encoded request."""
         marker = f"harness-sentinel-{secrets.token_hex(16)}"
         standin = self._sentinel_message(marker)
         whole = self._encode_whole(request, [standin])
@@ -184,13 +211,7 @@ class WireCache:
         head, found, tail = whole.partition(fragment)
         if not found or fragment in tail:
             raise AssertionError("the request envelope does not hold its sentinel message once")
-        envelope = _Envelope(request.tools, head, tail)
-        # The runner keeps two tool sets (all tools, and none on a final step): a handful of
-        # envelopes is all a session needs, so drop them all should options keep changing.
-        if len(self._envelopes) >= 8:
-            self._envelopes.clear()
-        self._envelopes[key] = envelope
-        return envelope
+        return head, tail
 
     def clear(self) -> None:
         self._by_identity.clear()

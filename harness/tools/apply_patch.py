@@ -29,7 +29,6 @@ indentation slightly wrong); a whitespace-tolerant match keeps the file's own co
 from __future__ import annotations
 
 import contextlib
-import difflib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -512,6 +511,8 @@ def _write(changes: list[_Change], ctx: ToolContext) -> None:
 
 
 def _diff(before: str, after: str, old_name: str, new_name: str) -> list[str]:
+    import difflib  # here: not loaded before a run's first request (issue 14)
+
     lines = difflib.unified_diff(
         before.splitlines(keepends=True),
         after.splitlines(keepends=True),

@@ -53,7 +53,10 @@ class ToolParams(BaseModel):
     in a note on the result.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    # Built on first use: a run validates a tool's arguments only after its first request,
+    # and the schema the request carries comes from the machine's cache when the CLI keeps
+    # one (``registry.params_schema``). A tool's first call builds its model (~0.5 ms).
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     # OpenCode's name of an argument -> ours. On input only: the schema keeps our names,
     # so the request bytes stay the same.

@@ -8,7 +8,6 @@ original lines' span is replaced.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
@@ -109,6 +108,8 @@ def _replace(content: str, spans: list[tuple[int, int]], new: str) -> str:
 
 
 def _diff(before: str, after: str, name: str) -> str:
+    import difflib  # here: not loaded before a run's first request (issue 14)
+
     lines = list(
         difflib.unified_diff(
             before.splitlines(keepends=True),

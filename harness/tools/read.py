@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -76,6 +75,8 @@ def _missing(path: Path, ctx: ToolContext) -> ToolFailure:
         return ToolFailure(message)
     wanted = path.name.lower()
     by_lower = {name.lower(): name for name in names}
+    import difflib  # here: not loaded before a run's first request (issue 14)
+
     close = [by_lower[n] for n in difflib.get_close_matches(wanted, list(by_lower), n=3)]
     # Close spellings first, then names that merely contain the wanted one (foo -> foo.py).
     for name in sorted(names):

@@ -39,7 +39,6 @@ why, for the notice on stderr and the ``sandbox.unavailable`` event.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
@@ -102,25 +101,73 @@ def parse_sandbox_mode(value: str, source: str = "sandbox") -> SandboxMode:
     return mode
 
 
-@functools.lru_cache(maxsize=8)
+# Probes started ahead (``start_probe``), by bwrap's absolute path, until ``_probe`` reads
+# them; and each path's answer, probed once per process.
+_started: dict[str, subprocess.Popen[bytes]] = {}
+_answers: dict[str, str | None] = {}
+
+
+def start_probe(bwrap: str = "bwrap") -> None:
+    """Start probing ``bwrap`` now; ``Sandbox.open`` takes the answer later.
+
+    The probe is a bwrap process of its own (~10-20 ms, nearly all of it bwrap setting
+    up namespaces, not ours): started before the imports that come before
+    ``open_harness``, its wait overlaps them instead of adding to the start-up
+    (``harness run`` calls this). Anything that goes wrong here is left for the probe
+    proper to find and report.
+    """
+    path = shutil.which(bwrap)
+    if path is None:
+        return
+    path = os.path.abspath(path)
+    if path in _started or path in _answers:
+        return  # already started, or already answered in this process
+    try:
+        _started[path] = subprocess.Popen(
+            _probe_command(path),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=tool_environment(),
+        )
+    except OSError:
+        return
+
+
+def _probe_command(path: str) -> list[str]:
+    return [path, *_BASE, "--unshare-net", "true"]
+
+
 def _probe(path: str) -> str | None:
     """None when ``path`` can build a sandbox on this machine, else why it cannot."""
+    if path not in _answers:
+        _answers[path] = _run_probe(path)
+    return _answers[path]
+
+
+def _run_probe(path: str) -> str | None:
+    started = _started.pop(path, None)
     try:
-        result = subprocess.run(
-            [path, *_BASE, "--unshare-net", "true"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=PROBE_SECONDS,
-            env=tool_environment(),
-            check=False,
-        )
+        if started is None:
+            started = subprocess.Popen(
+                _probe_command(path),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env=tool_environment(),
+            )
+        with started:
+            try:
+                _, stderr = started.communicate(timeout=PROBE_SECONDS)
+            except subprocess.TimeoutExpired:
+                started.kill()
+                started.communicate()
+                return f"{path} did not answer within {PROBE_SECONDS:.0f} s"
     except OSError as error:
         return f"{path} could not be started: {error.strerror or error}"
-    except subprocess.TimeoutExpired:
-        return f"{path} did not answer within {PROBE_SECONDS:.0f} s"
-    if result.returncode != 0:
-        lines = result.stderr.decode("utf-8", "replace").strip().splitlines()
-        detail = lines[-1] if lines else f"exit code {result.returncode}"
+    if started.returncode != 0:
+        lines = stderr.decode("utf-8", "replace").strip().splitlines()
+        detail = lines[-1] if lines else f"exit code {started.returncode}"
         return f"{path} cannot build a sandbox here: {detail}"
     return None
 

@@ -17,7 +17,6 @@ only: prompt_toolkit and rich load when a chat starts.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import sys
 from pathlib import Path
@@ -131,6 +130,10 @@ def _open_session(backend: Backend, args: argparse.Namespace, directory: Path) -
 def history_file(directory: Path) -> Path:
     """The input history of the chats in ``directory``: one file per project, 0600, in
     ``$HARNESS_HOME/chat-history/`` (what was typed may hold secrets)."""
+    # Imported here: every command imports this module, and hashlib must wait for
+    # harness.lean_imports (it loads without OpenSSL then).
+    import hashlib
+
     from harness import default_home, open_private, private_dir
 
     folder = private_dir(private_dir(default_home()) / "chat-history")
