@@ -21,6 +21,7 @@ from typing import Any
 import structlog
 import trio
 from pydantic import ValidationError
+from structlog.contextvars import bind_contextvars, reset_contextvars
 
 from harness.messages.events import NewEvent, StopReason
 from harness.messages.mailbox import (
@@ -121,6 +122,9 @@ class ToolExecutor:
         self._session_id = session_id
         self._yes = yes  # --yes: what would ask is allowed, in the tools' own checks too
         self._directory = directory
+        # The workspace boundary for this turn's calls, resolved once (tools/paths.py):
+        # each call still resolves its own target through every link.
+        self._root = os.path.realpath(directory)
         self._project = project
         self._tools = tools
         self._disabled = disabled  # hidden from the model by a blanket deny rule
@@ -138,8 +142,13 @@ class ToolExecutor:
         task_status.started()
         async with self._receive:
             async for request in self._receive:
-                with structlog.contextvars.bound_contextvars(message_id=request.message_id):
+                # bind/reset rather than bound_contextvars: the same restore of what was
+                # bound before, without a generator-based context manager every step.
+                tokens = bind_contextvars(message_id=request.message_id)
+                try:
                     await self._step(request)
+                finally:
+                    reset_contextvars(**tokens)
 
     async def _step(self, request: ExecuteCalls) -> None:
         """Run one step's calls (several at once) and answer with their outcomes, in order."""
@@ -178,10 +187,13 @@ class ToolExecutor:
         snapshots: list[CallSnapshot],
     ) -> None:
         # Spans for the log: step (message) -> tool call -> child session.
-        with structlog.contextvars.bound_contextvars(
+        tokens = bind_contextvars(
             call_id=call.call_id, span_id=call.call_id, parent_span_id=message_id
-        ):
+        )
+        try:
             outcomes[index] = await self._execute(message_id, call, snapshots)
+        finally:
+            reset_contextvars(**tokens)
 
     def _record(self, message_id: str, call: PlannedCall, state: ToolState) -> NewEvent:
         part = ToolPart(
@@ -263,6 +275,7 @@ class ToolExecutor:
             questions=self._questions,
             check=self._check,
             sandbox=self._sandbox,
+            root=self._root,
         )
         try:
             needs = tool.permissions(args, context)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
@@ -202,7 +203,7 @@ class ReadTool(Tool[ReadParams]):
             raise ToolFailure(f"Cannot read {shown_path}: {e.strerror}") from None
 
         try:
-            if path.is_dir():
+            if stat.S_ISDIR(st.st_mode):  # the stat above, not another one
                 text, shown = _list_directory(path, args.offset, args.limit)
                 return ToolOutput(text, title=title, metadata={"lines": shown})
             if st.st_size > THREAD_THRESHOLD:
