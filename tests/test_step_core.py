@@ -18,7 +18,7 @@ from harness.messages.model import Rule, ToolCompleted, ToolError
 from harness.messages.provider import ProviderRequest
 from harness.providers.scripted import ScriptedProvider
 from harness.runtime import open_harness
-from harness.tools.base import ToolContext, ToolParams, parse_arguments
+from harness.tools.base import ToolContext, ToolFailure, ToolParams, parse_arguments
 from harness.tools.paths import display_path, external_need, is_inside, resolve_path
 
 if TYPE_CHECKING:
@@ -160,3 +160,54 @@ def test_tool_context_root_defaults_to_a_fresh_resolution(
     assert ctx.root is None
     assert is_inside(resolve_path("f.txt", ctx), ctx)
     assert display_path(resolve_path("f.txt", ctx), ctx) == "f.txt"
+
+
+# A line of every kind the page must number the same way whichever path reads it.
+_LINES = [
+    b"plain",
+    b"",
+    b"crlf\r",
+    b"two cr\r\r",
+    b"caf\xc3\xa9 \xe2\x82\xac",
+    b"bad \xff byte",
+    b"cut sequence \xe2\x82",
+    b"\xf0\x9f\x98",
+    b"x" * 2500,
+    ("é" * 2100).encode(),
+    b"tab\tand \x0bvt",
+]
+
+
+@pytest.mark.parametrize("ending", [b"", b"\n"])
+def test_a_page_read_from_memory_is_the_streamed_page(tmp_path: Path, ending: bytes) -> None:
+    """Files up to 1 MB are paged from one read; the page, the line count and the cap are
+    those of the line-by-line reading larger files take, for every offset and limit."""
+    import io
+    import random
+
+    from harness.tools.read import _page_of, _page_streamed, _paged
+
+    chooser = random.Random(14)
+    files = [b"", b"\n", b"\n\n", b"one", b"\r\n"]
+    for size in (3, 17, 40):
+        files.append(b"\n".join(chooser.choice(_LINES) for _ in range(size)) + ending)
+    # Long enough for the 50 KB cap to cut the page before the line limit.
+    files.append(b"\n".join([b"y" * 900] * 120) + ending)
+    files.append(b"\n".join([("ü" * 450).encode()] * 120) + ending)
+    for data in files:
+        total_lines = data.count(b"\n") + 2
+        for offset in sorted({1, 2, 3, total_lines // 2 or 1, total_lines - 1, total_lines, 99}):
+            for limit in (1, 2, 5, 2000):
+                if offset < 1:
+                    continue
+                streamed = _page_streamed(io.BytesIO(data), offset, limit)
+                assert _page_of(data, offset, limit) == streamed, (data[:40], offset, limit)
+                try:
+                    expected: object = _paged(*streamed, offset)
+                except ToolFailure as error:  # the same failure both ways
+                    expected = str(error)
+                try:
+                    got: object = _paged(*_page_of(data, offset, limit), offset)
+                except ToolFailure as error:
+                    got = str(error)
+                assert got == expected
