@@ -211,3 +211,21 @@ def test_a_page_read_from_memory_is_the_streamed_page(tmp_path: Path, ending: by
                 except ToolFailure as error:
                     got = str(error)
                 assert got == expected
+
+
+async def test_read_pages_files_the_size_does_not_describe(
+    tmp_path: Path, tool_context: ToolContextFactory
+) -> None:
+    """A file whose size says 0 (a /proc file) is read to its end; a device that never
+    ends is refused on its binary sample, as before the one-read paging."""
+    from harness.tools.read import ReadParams, ReadTool
+
+    ctx = tool_context(tmp_path, check=lambda permission, pattern: "allow")
+    status = await ReadTool().execute(ReadParams(path="/proc/self/status"), ctx)
+    assert "Pid:" in status.output and status.metadata["total_lines"] > 5
+    with pytest.raises(ToolFailure, match="binary"):
+        await ReadTool().execute(ReadParams(path="/dev/zero"), ctx)
+    small = tmp_path / "small.txt"
+    small.write_text("a\nb")
+    page = await ReadTool().execute(ReadParams(path="small.txt"), ctx)
+    assert page.output == "     1\ta\n     2\tb\n\n(End of file - total 2 lines)"

@@ -121,12 +121,18 @@ def _read_file(path: Path, offset: int, limit: int) -> tuple[str, int, int, bool
     """
     limit = min(limit, _PAGE_LINES)
     with path.open("rb") as f:
-        head = f.read(THREAD_THRESHOLD + 1)
+        size = os.fstat(f.fileno()).st_size
+        # At least one byte more than the file says it holds: no more back means all of
+        # it was read (one that grew since, or a /proc file that says 0, is streamed).
+        # Not THREAD_THRESHOLD bytes for every file: a buffer that size, made and shrunk
+        # each time, cost more than the read. At least the binary sample, as before.
+        wanted = max(size + 1, BINARY_SAMPLE) if size <= THREAD_THRESHOLD else BINARY_SAMPLE
+        head = f.read(wanted)
         if looks_binary(head[:BINARY_SAMPLE]):
             raise ToolFailure(
                 f"Cannot read binary file: {path}. Only text files can be read with this tool."
             )
-        if len(head) <= THREAD_THRESHOLD:
+        if size <= THREAD_THRESHOLD and len(head) <= size:
             out, capped, total = _page_of(head, offset, limit)
         else:
             f.seek(0)
