@@ -229,3 +229,16 @@ async def test_read_pages_files_the_size_does_not_describe(
     small.write_text("a\nb")
     page = await ReadTool().execute(ReadParams(path="small.txt"), ctx)
     assert page.output == "     1\ta\n     2\tb\n\n(End of file - total 2 lines)"
+
+
+def test_wildcard_match_without_a_regex_answers_as_the_regex() -> None:
+    """Plain names and ``*`` are answered by comparison; the regex agrees on every one."""
+    from harness.permissions.wildcard import _compile, match
+
+    patterns = ["*", "read", "", "bash", "git status", "git status *", "a?c", "/x/*", ".", "a.b"]
+    texts = ["", "read", "reads", "bash", "git status", "git status -s", "abc", "/x/y", "x",
+             "a.b", "axb", "line\nbreak", "*", "?"]
+    for pattern in patterns:
+        for text in texts:
+            expected = _compile(pattern).fullmatch(text) is not None
+            assert match(pattern, text) is expected, (pattern, text)
