@@ -293,9 +293,9 @@ class ToolExecutor:
                 return self._fail(
                     message_id, call, describe_denial(need, decision), input=raw, stop=stop
                 )
-        context = replace(context, check=self._granted_check(needs))
         note = ignored_note(ignored) if ignored else ""
-        return await self._run(message_id, call, tool, args, raw, context, snapshots, note)
+        check = self._granted_check(needs)
+        return await self._run(message_id, call, tool, args, raw, context, check, snapshots, note)
 
     def _redact_saved_output(self, call_id: str) -> None:
         if not has_secrets():
@@ -362,16 +362,28 @@ class ToolExecutor:
         args: ToolParams,
         raw: dict[str, Any],
         context: ToolContext,
+        check: Callable[[str, str], PermissionAction],
         snapshots: list[CallSnapshot],
         note: str = "",
     ) -> CallOutcome:
         """Run an allowed call; ``note`` (arguments that were ignored) ends its result.
 
-        A call that may change files adds its snapshot to ``snapshots``, its step's.
+        ``check`` is the gate's answer with what was granted to this call counted in. A
+        call that may change files adds its snapshot to ``snapshots``, its step's.
         """
         start = time.time()
         title = shown(tool.title(args))
         kept = tool.running_metadata(args)
+
+        async def report_process(pgid: int) -> None:
+            # Durable before the command runs on: a restart after a crash finds the group.
+            identity = process_identity(pgid)
+            metadata = {**kept, "process": identity} if identity is not None else kept
+            state = ToolRunning(input=raw, title=title, metadata=metadata, start=start)
+            await self._ledger.write([self._record(message_id, call, state)])
+
+        # One copy of the context for the run (a dataclass replace is ~4 µs).
+        context = replace(context, check=check, report_process=report_process)
         running = [
             self._record(
                 message_id, call, ToolRunning(input=raw, title=title, metadata=kept, start=start)
@@ -393,15 +405,6 @@ class ToolExecutor:
                 running.append(before)
             await self._ledger.write(running, blobs=blobs)
         log.debug("tool started", call_id=call.call_id, tool=call.tool, title=title)
-
-        async def report_process(pgid: int) -> None:
-            # Durable before the command runs on: a restart after a crash finds the group.
-            identity = process_identity(pgid)
-            metadata = {**kept, "process": identity} if identity is not None else kept
-            state = ToolRunning(input=raw, title=title, metadata=metadata, start=start)
-            await self._ledger.write([self._record(message_id, call, state)])
-
-        context = replace(context, report_process=report_process)
         try:
             result = await tool.execute(args, context)
         except ToolFailure as error:
