@@ -113,10 +113,14 @@ class Recorder:
             )
             events.append(NewEvent.of("part.created", session.id, start))
         self.post(events)
-        with structlog.contextvars.bound_contextvars(
+        # bind/reset: bound_contextvars' restore, without a second generator frame a step.
+        tokens = structlog.contextvars.bind_contextvars(
             step=step, message_id=message.id, span_id=message.id, parent_span_id=session.id
-        ):
+        )
+        try:
             yield Reply(self, message)
+        finally:
+            structlog.contextvars.reset_contextvars(**tokens)
 
     def request(
         self,

@@ -21,6 +21,7 @@ from typing import Any
 import structlog
 import trio
 from pydantic import ValidationError
+from structlog.contextvars import bind_contextvars, reset_contextvars
 
 from harness.messages.events import NewEvent, StopReason
 from harness.messages.mailbox import (
@@ -121,6 +122,9 @@ class ToolExecutor:
         self._session_id = session_id
         self._yes = yes  # --yes: what would ask is allowed, in the tools' own checks too
         self._directory = directory
+        # The workspace boundary for this turn's calls, resolved once (tools/paths.py):
+        # each call still resolves its own target through every link.
+        self._root = os.path.realpath(directory)
         self._project = project
         self._tools = tools
         self._disabled = disabled  # hidden from the model by a blanket deny rule
@@ -138,8 +142,13 @@ class ToolExecutor:
         task_status.started()
         async with self._receive:
             async for request in self._receive:
-                with structlog.contextvars.bound_contextvars(message_id=request.message_id):
+                # bind/reset rather than bound_contextvars: the same restore of what was
+                # bound before, without a generator-based context manager every step.
+                tokens = bind_contextvars(message_id=request.message_id)
+                try:
                     await self._step(request)
+                finally:
+                    reset_contextvars(**tokens)
 
     async def _step(self, request: ExecuteCalls) -> None:
         """Run one step's calls (several at once) and answer with their outcomes, in order."""
@@ -178,10 +187,13 @@ class ToolExecutor:
         snapshots: list[CallSnapshot],
     ) -> None:
         # Spans for the log: step (message) -> tool call -> child session.
-        with structlog.contextvars.bound_contextvars(
+        tokens = bind_contextvars(
             call_id=call.call_id, span_id=call.call_id, parent_span_id=message_id
-        ):
+        )
+        try:
             outcomes[index] = await self._execute(message_id, call, snapshots)
+        finally:
+            reset_contextvars(**tokens)
 
     def _record(self, message_id: str, call: PlannedCall, state: ToolState) -> NewEvent:
         part = ToolPart(
@@ -263,6 +275,7 @@ class ToolExecutor:
             questions=self._questions,
             check=self._check,
             sandbox=self._sandbox,
+            root=self._root,
         )
         try:
             needs = tool.permissions(args, context)
@@ -280,9 +293,9 @@ class ToolExecutor:
                 return self._fail(
                     message_id, call, describe_denial(need, decision), input=raw, stop=stop
                 )
-        context = replace(context, check=self._granted_check(needs))
         note = ignored_note(ignored) if ignored else ""
-        return await self._run(message_id, call, tool, args, raw, context, snapshots, note)
+        check = self._granted_check(needs)
+        return await self._run(message_id, call, tool, args, raw, context, check, snapshots, note)
 
     def _redact_saved_output(self, call_id: str) -> None:
         if not has_secrets():
@@ -349,16 +362,28 @@ class ToolExecutor:
         args: ToolParams,
         raw: dict[str, Any],
         context: ToolContext,
+        check: Callable[[str, str], PermissionAction],
         snapshots: list[CallSnapshot],
         note: str = "",
     ) -> CallOutcome:
         """Run an allowed call; ``note`` (arguments that were ignored) ends its result.
 
-        A call that may change files adds its snapshot to ``snapshots``, its step's.
+        ``check`` is the gate's answer with what was granted to this call counted in. A
+        call that may change files adds its snapshot to ``snapshots``, its step's.
         """
         start = time.time()
         title = shown(tool.title(args))
         kept = tool.running_metadata(args)
+
+        async def report_process(pgid: int) -> None:
+            # Durable before the command runs on: a restart after a crash finds the group.
+            identity = process_identity(pgid)
+            metadata = {**kept, "process": identity} if identity is not None else kept
+            state = ToolRunning(input=raw, title=title, metadata=metadata, start=start)
+            await self._ledger.write([self._record(message_id, call, state)])
+
+        # One copy of the context for the run (a dataclass replace is ~4 µs).
+        context = replace(context, check=check, report_process=report_process)
         running = [
             self._record(
                 message_id, call, ToolRunning(input=raw, title=title, metadata=kept, start=start)
@@ -380,15 +405,6 @@ class ToolExecutor:
                 running.append(before)
             await self._ledger.write(running, blobs=blobs)
         log.debug("tool started", call_id=call.call_id, tool=call.tool, title=title)
-
-        async def report_process(pgid: int) -> None:
-            # Durable before the command runs on: a restart after a crash finds the group.
-            identity = process_identity(pgid)
-            metadata = {**kept, "process": identity} if identity is not None else kept
-            state = ToolRunning(input=raw, title=title, metadata=metadata, start=start)
-            await self._ledger.write([self._record(message_id, call, state)])
-
-        context = replace(context, report_process=report_process)
         try:
             result = await tool.execute(args, context)
         except ToolFailure as error:

@@ -25,6 +25,12 @@ def _translate(pattern: str) -> str:
 
 def match(pattern: str, text: str) -> bool:
     """Whether ``text`` matches the wildcard ``pattern`` as a whole."""
+    # Most rules name their permission plainly (``read``, ``bash``) or are ``*``, and
+    # every need is checked against every rule: those two answered without a regex.
+    if pattern == "*":
+        return True
+    if "*" not in pattern and "?" not in pattern:
+        return pattern == text
     return _compile(pattern).fullmatch(text) is not None
 
 

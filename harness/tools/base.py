@@ -71,6 +71,8 @@ P = TypeVar("P", bound=ToolParams)
 # Rounds of dropping unknown arguments: each round drops every one the validation named,
 # so a second is needed only when a nested model is reached once its parent is valid.
 _MAX_DROP_ROUNDS = 4
+# JSON's values that cannot be changed in place (what json.loads makes, and bool).
+_IMMUTABLE = frozenset({str, int, float, bool, type(None)})
 
 
 def parse_arguments(params: type[P], raw: dict[str, Any]) -> tuple[P, list[str]]:
@@ -82,7 +84,11 @@ def parse_arguments(params: type[P], raw: dict[str, Any]) -> tuple[P, list[str]]
     name it. Raises ``ValidationError`` for what is still wrong after that. ``raw`` is
     not changed: the ledger keeps the arguments as the model sent them.
     """
-    data: Any = copy.deepcopy(raw)
+    # A copy the renaming and dropping below may change. Arguments of plain values (most
+    # calls: a path, a pattern, a number) need only the dict copied; anything nested is
+    # copied deeply, so that a tool changing a list it was given cannot change ``raw``.
+    flat = all(type(value) in _IMMUTABLE for value in raw.values())
+    data: Any = dict(raw) if flat else copy.deepcopy(raw)
     noted: list[str] = []
     for alias, name in params.input_aliases.items():
         if alias in data:
@@ -193,6 +199,10 @@ class ToolContext:
     # What every subprocess the tool starts runs under (harness/tools/sandbox.py); None
     # runs it unsandboxed, still without credentials in its environment.
     sandbox: Sandbox | None = None
+    # ``directory``'s real path, resolved once for the turn by the executor (tools/paths.py):
+    # every call's target is still resolved itself, and judged against this. None: resolve
+    # ``directory`` on each use (a tool run on its own, in a test).
+    root: str | None = None
 
     def allows(self, permission: str, pattern: str) -> bool:
         """Whether the rules allow ``permission`` on ``pattern`` without anyone being asked."""

@@ -13,10 +13,16 @@ from harness.messages.names import on_disk
 from harness.tools.base import PermissionNeed, ToolContext
 
 
-def _root(ctx: ToolContext) -> Path:
-    # ctx.directory is meant to be resolved already; resolving again is cheap and keeps the
-    # inside/outside test honest if a caller passed a symlinked directory.
-    return Path(os.path.realpath(ctx.directory))
+def _root(ctx: ToolContext) -> str:
+    """The session directory's real path: the executor's, resolved once for the turn.
+
+    Without one (a tool run on its own), ``ctx.directory`` is resolved here: it is meant to
+    be resolved already, and resolving again keeps the inside/outside test honest if a
+    caller passed a symlinked directory. A root resolved at the turn's start stays the
+    boundary if the directory is swapped for a link later in the turn: each target is
+    resolved itself on every call, so a path through the swapped link lands outside it.
+    """
+    return ctx.root if ctx.root is not None else os.path.realpath(ctx.directory)
 
 
 def resolve_path(raw: str, ctx: ToolContext) -> Path:
@@ -32,14 +38,22 @@ def resolve_path(raw: str, ctx: ToolContext) -> Path:
 
 
 def _resolve(raw: str, ctx: ToolContext) -> Path:
-    expanded = Path(os.path.expanduser(raw.strip()))
-    if not expanded.is_absolute():
-        expanded = ctx.directory / expanded
+    # In strings, and one Path at the end: every call resolves its target, and pathlib's
+    # parsing of the intermediate paths cost more than realpath's own work.
+    # os.path.join keeps an absolute ``raw`` as it is, as ``/`` did.
+    expanded = os.path.join(ctx.directory, os.path.expanduser(raw.strip()))
     return Path(os.path.realpath(expanded))
 
 
+def _inside(path: str, root: str) -> bool:
+    """``Path(path).is_relative_to(root)`` for two real paths, without building Paths."""
+    if path == root:
+        return True
+    return path.startswith(root if root.endswith("/") else root + "/")
+
+
 def is_inside(path: Path, ctx: ToolContext) -> bool:
-    return path.is_relative_to(_root(ctx))
+    return _inside(str(path), _root(ctx))
 
 
 def external_need(path: Path, ctx: ToolContext) -> PermissionNeed | None:
@@ -99,7 +113,7 @@ class ReadCheck:
 
     def __init__(self, ctx: ToolContext) -> None:
         self._ctx = ctx
-        root = str(_root(ctx))
+        root = _root(ctx)
         self._inside = root if root.endswith("/") else root + "/"
 
     def allows(self, path: str, *, link: bool) -> bool:
@@ -156,6 +170,9 @@ def write_needs(path: Path, ctx: ToolContext) -> list[PermissionNeed]:
 def display_path(path: Path, ctx: ToolContext) -> str:
     """Relative to the session dir when inside it (``.`` for the dir itself), else absolute."""
     root = _root(ctx)
-    if path.is_relative_to(root):
-        return str(path.relative_to(root)) or "."
-    return str(path)
+    text = str(path)
+    if text == root:
+        return "."
+    if _inside(text, root):
+        return text[len(root) :].lstrip("/")
+    return text

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
-from typing import ClassVar
+from typing import BinaryIO, ClassVar
 
 import trio
 from pydantic import Field
@@ -115,41 +116,87 @@ def _list_directory(path: Path, offset: int, limit: int) -> tuple[str, int]:
 def _read_file(path: Path, offset: int, limit: int) -> tuple[str, int, int, bool]:
     """Page of the file: (text, lines shown, total lines, more remain).
 
-    Streams line by line so a huge file costs memory only for the page it returns.
+    A file of up to ``THREAD_THRESHOLD`` bytes is read whole and paged from memory (most
+    reads: one read call, the page decoded at once); a larger one is streamed line by
+    line so that it costs memory only for the page it returns. Both give the same page.
     """
     limit = min(limit, _PAGE_LINES)
     with path.open("rb") as f:
-        if looks_binary(f.read(BINARY_SAMPLE)):
+        size = os.fstat(f.fileno()).st_size
+        # At least one byte more than the file says it holds: no more back means all of
+        # it was read (one that grew since, or a /proc file that says 0, is streamed).
+        # Not THREAD_THRESHOLD bytes for every file: a buffer that size, made and shrunk
+        # each time, cost more than the read. At least the binary sample, as before.
+        wanted = max(size + 1, BINARY_SAMPLE) if size <= THREAD_THRESHOLD else BINARY_SAMPLE
+        head = f.read(wanted)
+        if looks_binary(head[:BINARY_SAMPLE]):
             raise ToolFailure(
                 f"Cannot read binary file: {path}. Only text files can be read with this tool."
             )
-        f.seek(0)
-        out: list[str] = []
-        used = 0
-        capped = False
-        total = 0
-        for raw in f:
-            total += 1
-            if total < offset:
-                continue
-            line = raw.decode("utf-8", errors="replace").rstrip("\n").rstrip("\r")
-            numbered = f"{total:>6}\t{cut_line(line)}"
-            size = len(numbered.encode("utf-8")) + 1
-            if out and used + size > _PAGE_BYTES:
-                capped = True
-                break
-            out.append(numbered)
-            used += size
-            if len(out) >= limit:
-                break
-        # The page is full: count the remaining lines without decoding them.
-        last = b"\n"
-        while chunk := f.read(1 << 20):
-            total += chunk.count(b"\n")
-            last = chunk[-1:]
-        if last != b"\n":
-            total += 1
+        if size <= THREAD_THRESHOLD and len(head) <= size:
+            out, capped, total = _page_of(head, offset, limit)
+        else:
+            f.seek(0)
+            out, capped, total = _page_streamed(f, offset, limit)
+    return _paged(out, capped, total, offset)
 
+
+def _page_of(data: bytes, offset: int, limit: int) -> tuple[list[str], bool, int]:
+    """The page of a file held in memory: its numbered lines, whether the byte cap cut it,
+    and the file's line count (a last line without a newline counts)."""
+    total = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+    end = min(offset - 1 + limit, total)
+    # Split no further than the page's last line: the rest of the file stays one piece.
+    pieces = data.split(b"\n", end)[offset - 1 : end] if end >= offset else []
+    # One decode for the page: a newline byte is never inside a UTF-8 sequence, so each
+    # line decodes as it would alone, bad bytes replaced the same way.
+    lines = b"\n".join(pieces).decode("utf-8", errors="replace").split("\n") if pieces else []
+    out: list[str] = []
+    used = 0
+    capped = False
+    for number, line in enumerate(lines, start=offset):
+        shown = cut_line(line.rstrip("\r"))
+        numbered = f"{number:>6}\t{shown}"
+        size = (len(numbered) if numbered.isascii() else len(numbered.encode("utf-8"))) + 1
+        if out and used + size > _PAGE_BYTES:
+            capped = True
+            break
+        out.append(numbered)
+        used += size
+    return out, capped, total
+
+
+def _page_streamed(f: BinaryIO, offset: int, limit: int) -> tuple[list[str], bool, int]:
+    """``_page_of`` for a file too large to hold: line by line, then the rest counted."""
+    out: list[str] = []
+    used = 0
+    capped = False
+    total = 0
+    for raw in f:
+        total += 1
+        if total < offset:
+            continue
+        line = raw.decode("utf-8", errors="replace").rstrip("\n").rstrip("\r")
+        numbered = f"{total:>6}\t{cut_line(line)}"
+        size = len(numbered.encode("utf-8")) + 1
+        if out and used + size > _PAGE_BYTES:
+            capped = True
+            break
+        out.append(numbered)
+        used += size
+        if len(out) >= limit:
+            break
+    # The page is full: count the remaining lines without decoding them.
+    last = b"\n"
+    while chunk := f.read(1 << 20):
+        total += chunk.count(b"\n")
+        last = chunk[-1:]
+    if last != b"\n":
+        total += 1
+    return out, capped, total
+
+
+def _paged(out: list[str], capped: bool, total: int, offset: int) -> tuple[str, int, int, bool]:
     if total and offset > total:
         raise ToolFailure(f"Offset {offset} is past the end of the file ({total} lines).")
     shown = len(out)
@@ -203,7 +250,7 @@ class ReadTool(Tool[ReadParams]):
             raise ToolFailure(f"Cannot read {shown_path}: {e.strerror}") from None
 
         try:
-            if path.is_dir():
+            if stat.S_ISDIR(st.st_mode):  # the stat above, not another one
                 text, shown = _list_directory(path, args.offset, args.limit)
                 return ToolOutput(text, title=title, metadata={"lines": shown})
             if st.st_size > THREAD_THRESHOLD:
