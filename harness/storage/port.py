@@ -141,6 +141,12 @@ class LedgerPort(ABC):
         # awaits (or the close) came in since the batch began, which ends that wait.
         self._grouping: trio.CancelScope | None = None
         self._reply_waiting = False
+        # Per session, a mark that changes whenever this process sees input added to
+        # its inbox: committed by its own writer, or read from the log as another
+        # daemon's. A session actor that read an empty inbox at mark M need not read it
+        # again while the mark is still M (``inbox_mark``).
+        self._inbox_marks: dict[str, int] = {}
+        self._inbox_additions = 0
 
     # --- what a backend provides -----------------------------------------------------------
 
@@ -255,6 +261,23 @@ class LedgerPort(ABC):
                 with trio.CancelScope(shield=True):
                     await self._commit_and_answer(batch, feed)
 
+    def inbox_mark(self, session_id: str) -> int:
+        """What this process has seen of input added to the session's inbox.
+
+        It changes, before the input's writer is answered and before any session is
+        woken for it, each time an ``inbox.added`` of the session is committed here or
+        read from another daemon's commits. Nothing else adds to an inbox, so an inbox
+        read empty at mark M is still empty while the mark is M: a session actor reads
+        it once per change, not once per step (issue 18).
+        """
+        return self._inbox_marks.get(session_id, 0)
+
+    def _saw_inbox(self, events: Sequence[Event]) -> None:
+        for event in events:
+            if event.type == "inbox.added":
+                self._inbox_additions += 1  # a counter, never reused: marks never repeat
+                self._inbox_marks[event.session_id] = self._inbox_additions
+
     def recover(self) -> None:
         """Accept writes again after a failure (new input: there may be space now)."""
         self.failure = None
@@ -300,6 +323,7 @@ class LedgerPort(ABC):
                 else:
                     log.warning("write refused: the lease is lost", error=str(events))
                 continue
+            self._saw_inbox(events)  # before anyone is answered or woken
             if request.reply is not None:
                 request.reply.send_nowait(events)
             published.extend(events)

@@ -647,6 +647,8 @@ class PostgresLedger(LedgerPort):
         *,
         foreign: bool,
     ) -> None:
+        if foreign:
+            self._saw_inbox(events)  # before the wake below: the woken actor reads the inbox
         if feed is not None:
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                 if foreign:
