@@ -279,3 +279,45 @@ async def test_hostile_text_round_trips_through_the_commits_quoted_query(
         titles = [e.data.get("title") for e in ledger.events_after(0)]
         assert titles == ["", hostile, hostile + "2", "", hostile * 50]
         assert [e.seq for e in ledger.events_after(0)] == [1, 2, 3, 4, 5]
+
+
+async def test_the_loops_reads_leave_it_free_and_survive_a_cancel_and_a_drop(
+    postgres_schema: str,
+) -> None:
+    """A step's reads run on the event loop without blocking it (issue 18): psycopg's
+    generator is driven with Trio's waits on the reader connection's socket."""
+    async with daemon(postgres_schema) as ledger:
+        await ledger.write([_created("ses_a")])
+        session = await ledger.session_async("ses_a")
+        assert session is not None and session.id == "ses_a"
+        assert await ledger.changes_async("ses_a", 0) == ledger.changes("ses_a", 0)
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await trio.sleep(0.01)
+                ticks += 1
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(tick)
+            rows = await ledger._rows_async("SELECT ?::text FROM pg_sleep(0.3)", ("x",))
+            nursery.cancel_scope.cancel()
+        assert rows == [("x",)]
+        assert ticks >= 10, "the loop was held while the server worked"
+        # Cut off mid-read: its connection, a query still in flight, is not used again.
+        with trio.move_on_after(0.05) as cut:
+            await ledger._rows_async("SELECT 1 FROM pg_sleep(2)")
+        assert cut.cancelled_caught
+        assert await ledger._rows_async("SELECT ?::int + 1", (41,)) == [(42,)]
+        # Dropped by the server: made again, once, and the read answers.
+        reader = ledger._loop_read
+        assert reader is not None
+        with psycopg.connect(postgres_schema, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(%s)", (reader.pgconn.backend_pid,))
+        assert await ledger.inbox_async("ses_a") == []
+        assert ledger._loop_read is not reader
+        # A statement the server refuses raises as with ``_rows``; the connection serves on.
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            await ledger._rows_async("SELECT 1 FROM no_such_table")
+        assert await ledger.claimed_turns_async("ses_a") == []

@@ -216,7 +216,7 @@ class SessionActor:
         await self._resume_claimed()
         while not self.lost:
             mark = self._ledger.inbox_mark(self.session_id)
-            inbox = self._read_inbox(mark)
+            inbox = await self._read_inbox(mark)
             if not inbox:
                 await self._let_go()
                 with trio.move_on_after(self._idle_release or math.inf):
@@ -237,12 +237,12 @@ class SessionActor:
             # Once the item is taken, an inbox that held only it is empty as of ``mark``.
             await self._claim(inbox[0], nursery, empty_at=mark if len(inbox) == 1 else None)
 
-    def _read_inbox(self, mark: int) -> list[InboxItem]:
+    async def _read_inbox(self, mark: int) -> list[InboxItem]:
         """The inbox, read unless it was seen empty at this very mark (``mark``: the
         ledger's inbox mark, taken before the read, so input added meanwhile moves it)."""
         if mark == self._empty_at:
             return []
-        inbox = self._ledger.inbox(self.session_id)
+        inbox = await self._ledger.inbox_async(self.session_id)
         self._empty_at = None if inbox else mark
         return inbox
 
@@ -271,7 +271,7 @@ class SessionActor:
         mark = self._ledger.inbox_mark(self.session_id)
         if mark == self._unsteered_at:
             return  # nothing added since the inbox last held no steered input
-        items = [i for i in self._read_inbox(mark) if i.delivery == "steer"]
+        items = [i for i in await self._read_inbox(mark) if i.delivery == "steer"]
         if not items:
             self._unsteered_at = mark
         else:
@@ -289,8 +289,9 @@ class SessionActor:
         # while a turn runs or input waits): start each turn from the ledger's copy, once
         # this actor's own last posts (a late title) have landed in it.
         await self._ledger.flush()
-        self._state = None
-        session = self._session()
+        session = self._state = await self._ledger.session_async(self.session_id)
+        if session is None:
+            raise LookupError(f"session {self.session_id} does not exist")
         events = await self._take(item, session)
         claim = {"message_id": item.id, "session_id": self.session_id, "started": time.time()}
         # The claim is committed with the user message: from here a crash resumes the turn.
@@ -327,7 +328,7 @@ class SessionActor:
     # --- recovery: turns a crash or a full disk cut short -----------------------------------
 
     async def _resume_claimed(self) -> None:
-        for _, message_id, resumes in self._ledger.claimed_turns(self.session_id):
+        for _, message_id, resumes in await self._ledger.claimed_turns_async(self.session_id):
             if self.lost:
                 return
             await self._resume(message_id, resumes)

@@ -56,6 +56,13 @@ log = structlog.get_logger("harness.ledger")
 _MESSAGE: TypeAdapter[Message] = TypeAdapter(Message, config=ConfigDict(defer_build=True))
 _PART: TypeAdapter[Part] = TypeAdapter(Part, config=ConfigDict(defer_build=True))
 _MAX_BATCH = 1024
+# The reads that a turn or a step makes, each with a synchronous and an async caller.
+_SESSION = "SELECT data FROM sessions WHERE id = ?"
+_INBOX = "SELECT data FROM inbox WHERE session_id = ? ORDER BY seq"
+_SESSION_TURNS = (
+    "SELECT session_id, message_id, resumes FROM turns WHERE session_id = ? ORDER BY started"
+)
+_USER_MESSAGE = "SELECT data FROM messages WHERE id = ? AND role = 'user'"
 _T = TypeVar("_T")
 
 # The lease (session_id, epoch) of the session actor whose task writes: set by the actor
@@ -161,6 +168,12 @@ class LedgerPort(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+    async def _rows_async(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """One read for a hot caller on the event loop (a step's, a turn's). SQLite's is
+        ``_rows`` itself, on the loop: its small indexed reads take microseconds. A
+        backend whose reads wait on a server overrides it, so the loop does not wait."""
+        return self._rows(sql, args)
 
     async def _run_commit(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerFenced]:
         return await on_worker_thread(lambda: self._commit(batch))
@@ -382,7 +395,12 @@ class LedgerPort(ABC):
     # --- reading ---------------------------------------------------------------------------
 
     def session(self, session_id: str) -> Session | None:
-        rows = self._rows("SELECT data FROM sessions WHERE id = ?", (session_id,))
+        rows = self._rows(_SESSION, (session_id,))
+        return Session.model_validate_json(rows[0][0]) if rows else None
+
+    async def session_async(self, session_id: str) -> Session | None:
+        """``session``, for the event loop's hot callers (``_rows_async``)."""
+        rows = await self._rows_async(_SESSION, (session_id,))
         return Session.model_validate_json(rows[0][0]) if rows else None
 
     def sessions(self, status: str | None = None) -> list[Session]:
@@ -416,6 +434,12 @@ class LedgerPort(ABC):
             parts.setdefault(row[0], []).append(_PART.validate_json(row[1]))
         return [MessageWithParts(info=m, parts=parts.get(m.id, [])) for m in messages]
 
+    async def changes_async(
+        self, session_id: str, after_seq: int
+    ) -> tuple[list[Message], list[Part], int]:
+        """``changes``, for the event loop's hot callers (``_rows_async``)."""
+        return self.changes(session_id, after_seq)
+
     def changes(self, session_id: str, after_seq: int) -> tuple[list[Message], list[Part], int]:
         """Messages and parts of a session written after ``after_seq``, and the new mark.
 
@@ -442,23 +466,24 @@ class LedgerPort(ABC):
         return messages, parts, mark
 
     def inbox(self, session_id: str) -> list[InboxItem]:
-        return [
-            InboxItem.model_validate_json(row[0])
-            for row in self._rows(
-                "SELECT data FROM inbox WHERE session_id = ? ORDER BY seq", (session_id,)
-            )
-        ]
+        return [InboxItem.model_validate_json(row[0]) for row in self._rows(_INBOX, (session_id,))]
+
+    async def inbox_async(self, session_id: str) -> list[InboxItem]:
+        """``inbox``, for the event loop's hot callers (``_rows_async``)."""
+        rows = await self._rows_async(_INBOX, (session_id,))
+        return [InboxItem.model_validate_json(row[0]) for row in rows]
 
     def claimed_turns(self, session_id: str | None = None) -> list[tuple[str, str, int]]:
         """Turns started and never finished: ``(session_id, message_id, resumes)``."""
         if session_id is None:
             rows = self._rows("SELECT session_id, message_id, resumes FROM turns ORDER BY started")
         else:
-            rows = self._rows(
-                "SELECT session_id, message_id, resumes FROM turns WHERE session_id = ?"
-                " ORDER BY started",
-                (session_id,),
-            )
+            rows = self._rows(_SESSION_TURNS, (session_id,))
+        return [(row[0], row[1], int(row[2])) for row in rows]
+
+    async def claimed_turns_async(self, session_id: str) -> list[tuple[str, str, int]]:
+        """``claimed_turns`` of one session, for the event loop's hot callers."""
+        rows = await self._rows_async(_SESSION_TURNS, (session_id,))
         return [(row[0], row[1], int(row[2])) for row in rows]
 
     def sessions_with_inbox(self) -> list[str]:
@@ -493,9 +518,13 @@ class LedgerPort(ABC):
         return rows[0][0], part.text if isinstance(part, TextPart) else ""
 
     def user_message(self, message_id: str) -> UserMessage | None:
-        rows = self._rows(
-            "SELECT data FROM messages WHERE id = ? AND role = 'user'", (message_id,)
-        )
+        rows = self._rows(_USER_MESSAGE, (message_id,))
+        message = _MESSAGE.validate_json(rows[0][0]) if rows else None
+        return message if isinstance(message, UserMessage) else None
+
+    async def user_message_async(self, message_id: str) -> UserMessage | None:
+        """``user_message``, for the event loop's hot callers (``_rows_async``)."""
+        rows = await self._rows_async(_USER_MESSAGE, (message_id,))
         message = _MESSAGE.validate_json(rows[0][0]) if rows else None
         return message if isinstance(message, UserMessage) else None
 
