@@ -311,13 +311,19 @@ async def test_the_loops_reads_leave_it_free_and_survive_a_cancel_and_a_drop(
         assert cut.cancelled_caught
         assert await ledger._rows_async("SELECT ?::int + 1", (41,)) == [(42,)]
         # Dropped by the server: made again, once, and the read answers.
-        reader = ledger._loop_read
-        assert reader is not None
+        [reader] = ledger._loop_readers  # reads one at a time: one connection made
         with psycopg.connect(postgres_schema, autocommit=True) as conn:
             conn.execute("SELECT pg_terminate_backend(%s)", (reader.pgconn.backend_pid,))
         assert await ledger.inbox_async("ses_a") == []
-        assert ledger._loop_read is not reader
+        assert ledger._loop_readers != [reader] and len(ledger._loop_readers) == 1
         # A statement the server refuses raises as with ``_rows``; the connection serves on.
         with pytest.raises(psycopg.errors.UndefinedTable):
             await ledger._rows_async("SELECT 1 FROM no_such_table")
         assert await ledger.claimed_turns_async("ses_a") == []
+        # Reads of several tasks are in flight together, each on a connection of its own.
+        started = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(ledger._rows_async, "SELECT 1 FROM pg_sleep(0.4)")
+        assert trio.current_time() - started < 1.0
+        assert len(ledger._loop_readers) == 3

@@ -55,6 +55,9 @@ log = structlog.get_logger("harness.ledger")
 T = TypeVar("T")
 
 RECONNECT_SECONDS = 120.0  # how long a commit waits for the database to come back
+# Reads of the event loop in flight at once, each on its own connection: with one, each
+# read waited for the reads queued before it, a scheduler round each (issue 18).
+LOOP_READERS = 4
 _POLL_SECONDS = 1.0  # the tail reads the log this often even without a NOTIFY
 TAKEOVER_BATCH = 256  # sessions one scan claims at most: the rest go to the next daemon's
 ORPHAN_SCAN_SECONDS = 0.5  # how often a daemon looks for work whose holder stopped renewing
@@ -357,10 +360,11 @@ class PostgresLedger(LedgerPort):
         self._tail_done = trio.Event()
         self._wake_queued = False
         self._tail_read: psycopg.Connection[tuple[Any, ...]] | None = None  # made by the tail
-        # The hot reads of the event loop (a step's, a turn's): one connection driven
-        # non-blocking from the loop, one query at a time (made on first use).
-        self._loop_read: psycopg.Connection[tuple[Any, ...]] | None = None
-        self._loop_read_lock = trio.Lock()
+        # The hot reads of the event loop (a step's, a turn's): a few connections driven
+        # non-blocking from the loop, one query at a time each, made as needed. The idle
+        # ones, and how many reads may be in flight.
+        self._loop_readers: list[psycopg.Connection[tuple[Any, ...]]] = []
+        self._loop_reader_slots = trio.Semaphore(LOOP_READERS)
 
     # --- connections ---------------------------------------------------------------------
 
@@ -429,10 +433,12 @@ class PostgresLedger(LedgerPort):
 
     def close(self) -> None:
         self.close_writer()
-        for name in ("_read", "_write", "_control", "_tail_read", "_loop_read"):
+        for name in ("_read", "_write", "_control", "_tail_read"):
             conn = getattr(self, name, None)
             if conn is not None:
                 conn.close()
+        for conn in self._loop_readers:
+            conn.close()
 
     def _retrying(self, name: str, work: Callable[[psycopg.Connection[tuple[Any, ...]]], T]) -> T:
         """Run ``work`` on connection ``name``, re-made once if the server dropped it."""
@@ -473,24 +479,28 @@ class PostgresLedger(LedgerPort):
         """
         import psycopg
 
-        async with self._loop_read_lock:
-            for attempt in (1, 2):
-                conn = self._loop_read
-                try:
-                    if conn is None or conn.closed or conn.broken:
-                        conn = self._loop_read = await trio.to_thread.run_sync(self._connect_raw)
-                    return await _fetch_nonblocking(conn, _pg(sql), args)
-                except psycopg.OperationalError as error:
-                    if attempt == 2 or (conn is not None and not (conn.closed or conn.broken)):
-                        raise LedgerError(
-                            f"the ledger database {self.where} cannot be read: "
-                            f"{_first_line(error)}"
-                        ) from None
-                except BaseException:
-                    if conn is not None and conn.pgconn.transaction_status != 0:  # not IDLE
-                        conn.close()  # cancelled mid-query: never reuse it half-read
-                    raise
-        raise AssertionError("unreachable")
+        async with self._loop_reader_slots:
+            conn = self._loop_readers.pop() if self._loop_readers else None
+            try:
+                for attempt in (1, 2):
+                    try:
+                        if conn is None or conn.closed or conn.broken:
+                            conn = await trio.to_thread.run_sync(self._connect_raw)
+                        return await _fetch_nonblocking(conn, _pg(sql), args)
+                    except psycopg.OperationalError as error:
+                        if attempt == 2 or (conn is not None and not (conn.closed or conn.broken)):
+                            raise LedgerError(
+                                f"the ledger database {self.where} cannot be read: "
+                                f"{_first_line(error)}"
+                            ) from None
+                    except BaseException:
+                        if conn is not None and conn.pgconn.transaction_status != 0:  # not IDLE
+                            conn.close()  # cancelled mid-query: never reuse it half-read
+                        raise
+                raise AssertionError("unreachable")
+            finally:
+                if conn is not None and not (conn.closed or conn.broken):
+                    self._loop_readers.append(conn)
 
     # --- writing ---------------------------------------------------------------------------
 
