@@ -58,6 +58,9 @@ RECONNECT_SECONDS = 120.0  # how long a commit waits for the database to come ba
 # Reads of the event loop in flight at once, each on its own connection: with one, each
 # read waited for the reads queued before it, a scheduler round each (issue 18).
 LOOP_READERS = 4
+# How long a loop's read waits for its answer before letting the loop go on (benchmarks/
+# pg_reads.py): a scheduler round on a busy loop is longer than a local answer.
+READ_SPIN_SECONDS = 0.001
 _POLL_SECONDS = 1.0  # the tail reads the log this often even without a NOTIFY
 TAKEOVER_BATCH = 256  # sessions one scan claims at most: the rest go to the next daemon's
 ORPHAN_SCAN_SECONDS = 0.5  # how often a daemon looks for work whose holder stopped renewing
@@ -195,24 +198,39 @@ def _changes(
 
 
 async def _fetch_nonblocking(
-    conn: psycopg.Connection[tuple[Any, ...]], query: str, args: tuple[Any, ...]
+    conn: psycopg.Connection[tuple[Any, ...]], query: str, args: tuple[Any, ...], spin: float
 ) -> list[tuple[Any, ...]]:
     """Run one query on ``conn`` from the event loop, waiting with Trio, and its rows.
 
     ``Cursor._execute_gen`` is what psycopg's sync and async cursors both run (its
     generators yield what they wait for: the socket readable, writable, or either); it
     is private, hence psycopg pinned below 3.4 and this tested against each backend.
+
+    An answer that comes within ``spin`` seconds is taken at once; only a slower one
+    waits for Trio to report the socket readable, which costs a scheduler round: on a
+    busy loop, longer than a database on the same machine takes to answer.
     """
+    import select
+
     from psycopg.waiting import Ready, Wait
 
     fd = conn.pgconn.socket
     cursor = conn.cursor()
     generator = cursor._execute_gen(query, args)
+    poller: select.poll | None = None
     try:
         wanted = next(generator)
         while True:
             if wanted == Wait.R:
-                await trio.lowlevel.wait_readable(fd)
+                if spin > 0:
+                    if poller is None:
+                        poller = select.poll()
+                        poller.register(fd, select.POLLIN)
+                    if not poller.poll(spin * 1000):
+                        spin = 0.0  # slow: the loop goes on meanwhile, from now on
+                        await trio.lowlevel.wait_readable(fd)
+                else:
+                    await trio.lowlevel.wait_readable(fd)
                 wanted = generator.send(Ready.R)
             elif wanted == Wait.W:
                 await trio.lowlevel.wait_writable(fd)
@@ -365,6 +383,7 @@ class PostgresLedger(LedgerPort):
         # ones, and how many reads may be in flight.
         self._loop_readers: list[psycopg.Connection[tuple[Any, ...]]] = []
         self._loop_reader_slots = trio.Semaphore(LOOP_READERS)
+        self.read_spin = READ_SPIN_SECONDS
 
     # --- connections ---------------------------------------------------------------------
 
@@ -467,26 +486,32 @@ class PostgresLedger(LedgerPort):
             ) from None
 
     async def _rows_async(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        """One read on the loop's reader connection, the loop free while the server works.
+        """One read on a loop reader connection; the loop is not held for a slow answer.
 
         psycopg's own execution generator is driven here with Trio's waits on the
         connection's socket, as its ``AsyncCursor`` drives it with asyncio's (which fails
-        under Trio). A blocking read held the loop ~0.2 ms for the server and, when a
-        worker thread held the GIL meanwhile, up to a switch interval more; a read in a
-        worker thread cost ~1 ms more CPU per step (measured, issue 18). A dropped
-        connection is made again once; a read cut off (cancelled) closes it, since its
-        query may still be in flight.
+        under Trio). A blocking read held the loop for as long as the server took; a read
+        in a worker thread cost ~1 ms more CPU per step (measured, issue 18). An answer
+        within ``read_spin`` is taken at once, as a blocking read would: on a busy loop a
+        scheduler round (what waiting with Trio costs) is 1-3 ms, a local answer 0.1 ms
+        (benchmarks/pg_reads.py). A dropped connection is made again once; a read cut
+        off (cancelled) closes its connection, since its query may still be in flight.
         """
         import psycopg
 
-        async with self._loop_reader_slots:
+        slots = self._loop_reader_slots
+        try:
+            slots.acquire_nowait()  # not ``async with``: its checkpoint costs a round
+        except trio.WouldBlock:
+            await slots.acquire()
+        try:
             conn = self._loop_readers.pop() if self._loop_readers else None
             try:
                 for attempt in (1, 2):
                     try:
                         if conn is None or conn.closed or conn.broken:
                             conn = await trio.to_thread.run_sync(self._connect_raw)
-                        return await _fetch_nonblocking(conn, _pg(sql), args)
+                        return await _fetch_nonblocking(conn, _pg(sql), args, self.read_spin)
                     except psycopg.OperationalError as error:
                         if attempt == 2 or (conn is not None and not (conn.closed or conn.broken)):
                             raise LedgerError(
@@ -501,6 +526,8 @@ class PostgresLedger(LedgerPort):
             finally:
                 if conn is not None and not (conn.closed or conn.broken):
                     self._loop_readers.append(conn)
+        finally:
+            slots.release()
 
     # --- writing ---------------------------------------------------------------------------
 
