@@ -85,6 +85,10 @@ class HarnessError(ValueError):
     """A request the harness refuses (unknown session, bad directory); says why."""
 
 
+class UnknownSession(HarnessError):
+    """No session has this id (the API answers 404)."""
+
+
 class PromptConflict(HarnessError):
     """A message id already used in another session, or with another text."""
 
@@ -226,7 +230,7 @@ class Harness:
     def session(self, session_id: str) -> Session:
         session = self.ledger.session(session_id)
         if session is None:
-            raise HarnessError(f"no session {session_id}")
+            raise UnknownSession(f"no session {session_id}")
         return session
 
     def sessions(self) -> list[Session]:
@@ -304,7 +308,9 @@ class Harness:
         ``PromptConflict``, never a prompt silently dropped. ``max_steps`` limits this
         turn only.
         """
-        self.session(session_id)
+        # Not ``self.session``: a prompt's reads are a turn's fixed cost (issue 18).
+        if await self.ledger.session_async(session_id) is None:
+            raise UnknownSession(f"no session {session_id}")
         if not text.strip():
             raise HarnessError("the prompt is empty")
         if message_id is not None:

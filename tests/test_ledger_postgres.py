@@ -14,7 +14,7 @@ import trio
 
 from harness.config import Config, ConfigError
 from harness.messages.events import Event, NewEvent
-from harness.messages.mailbox import FeedMessage, Publish
+from harness.messages.mailbox import FeedMessage, Publish, WriteEvents
 from harness.messages.model import Session
 from harness.storage.pg_schema import PG_SCHEMA_VERSION
 from harness.storage.port import ClusterHooks, LedgerError, LedgerFenced
@@ -327,3 +327,34 @@ async def test_the_loops_reads_leave_it_free_and_survive_a_cancel_and_a_drop(
                 nursery.start_soon(ledger._rows_async, "SELECT 1 FROM pg_sleep(0.4)")
         assert trio.current_time() - started < 1.0
         assert len(ledger._loop_readers) == 3
+
+
+async def test_settle_makes_no_transaction_when_the_sessions_writes_are_all_in(
+    postgres_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn's start and its release wait for the session's own writes (issue 18): with
+    none pending, no transaction; with one pending, it is committed first."""
+    async with daemon(postgres_schema) as ledger:
+        await ledger.write([_created("ses_a")])
+        epoch = await ledger.claim("ses_a")
+        assert epoch is not None
+        commits: list[int] = []
+        commit = ledger._commit
+
+        def counting(batch: list[WriteEvents]) -> list[list[Event] | LedgerFenced]:
+            commits.append(len(batch))
+            return commit(batch)
+
+        monkeypatch.setattr(ledger, "_commit", counting)
+        await ledger.settle("ses_a")
+        assert commits == []
+        ledger.post([_titled("ses_a", "pending")], fence=("ses_a", epoch))
+        await ledger.settle("ses_a")
+        assert ledger.session("ses_a").title == "pending"  # type: ignore[union-attr]
+        assert commits  # the post, and the flush that waited for it
+        done = len(commits)
+        await ledger.settle("ses_a")
+        assert len(commits) == done
+        # A flush still checks the fence, as a transaction of its own.
+        await ledger.write((), fence=("ses_a", epoch))
+        assert len(commits) == done + 1

@@ -184,9 +184,14 @@ class Runner:
         return outcome
 
     async def _result(self, user_message_id: str, stop: Stop) -> TurnResult:
-        await self._flush()
-        await self._history.catch_up()
-        answer = stop.answer if stop.answer is not None else self._last_text(user_message_id)
+        answer = stop.answer
+        if answer is None:
+            # The last step's text, once what it posted is in the ledger. An answer
+            # found in the history needs neither (nothing was posted since the read):
+            # the session actor's flush after ``turn.finished`` covers the turn's writes.
+            await self._flush()
+            await self._history.catch_up()
+            answer = self._last_text(user_message_id)
         return TurnResult(user_message_id, stop.reason, answer, stop.error)
 
     def _last_step(self, step: int) -> LastStep | None:

@@ -191,7 +191,7 @@ class SessionActor:
         The task keeps its fence: a late write (a title) still lands unless another daemon
         has claimed the session since, and is refused if it has."""
         if self._ledger.cluster and self.lease is not None:
-            await self._ledger.flush()
+            await self._ledger.settle(self.session_id)
             await self._ledger.release(self.session_id)
             self.lease = None
 
@@ -288,7 +288,7 @@ class SessionActor:
         # Between turns the row may have been changed through the API (PATCH, refused
         # while a turn runs or input waits): start each turn from the ledger's copy, once
         # this actor's own last posts (a late title) have landed in it.
-        await self._ledger.flush()
+        await self._ledger.settle(self.session_id)
         session = self._state = await self._ledger.session_async(self.session_id)
         if session is None:
             raise LookupError(f"session {self.session_id} does not exist")

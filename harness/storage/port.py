@@ -154,6 +154,9 @@ class LedgerPort(ABC):
         # again while the mark is still M (``inbox_mark``).
         self._inbox_marks: dict[str, int] = {}
         self._inbox_additions = 0
+        # Per session, the writes made under its lease (``fence``) not yet answered by
+        # the writer: while there are none, ``settle`` has nothing to wait for.
+        self._unsettled: dict[str, int] = {}
 
     # --- what a backend provides -----------------------------------------------------------
 
@@ -295,10 +298,22 @@ class LedgerPort(ABC):
         """Accept writes again after a failure (new input: there may be space now)."""
         self.failure = None
 
+    def _settled(self, batch: list[WriteEvents]) -> None:
+        """The batch is committed or refused: before its writers hear so (``settle``)."""
+        for request in batch:
+            if request.fence is not None:
+                session_id = request.fence[0]
+                left = self._unsettled.get(session_id, 0) - 1
+                if left > 0:
+                    self._unsettled[session_id] = left
+                else:
+                    self._unsettled.pop(session_id, None)
+
     async def _commit_and_answer(
         self, batch: list[WriteEvents], feed: trio.MemorySendChannel[FeedMessage] | None
     ) -> None:
         if self.failure is not None:
+            self._settled(batch)
             for request in batch:
                 if request.reply is not None:
                     request.reply.send_nowait(self.failure)
@@ -309,6 +324,7 @@ class LedgerPort(ABC):
             # worker-thread round trip (~0.1 ms of CPU), and a wire step makes one, after
             # the step's posts went in their own group commit. A shared ledger still
             # commits it: the write's fence is checked there.
+            self._settled(batch)
             for request in batch:
                 if request.reply is not None:
                     request.reply.send_nowait([])
@@ -316,6 +332,7 @@ class LedgerPort(ABC):
         try:
             committed = await self._run_commit(batch)
         except Exception as error:
+            self._settled(batch)
             failure, sticky = self._failure(error)
             for request in batch:
                 if request.reply is not None:
@@ -328,6 +345,7 @@ class LedgerPort(ABC):
             elif not any(request.reply is not None for request in batch):
                 raise failure from error
             return
+        self._settled(batch)
         published: list[Event] = []
         for request, events in zip(batch, committed, strict=True):
             if isinstance(events, LedgerFenced):
@@ -353,6 +371,8 @@ class LedgerPort(ABC):
         """Fire-and-forget write, ordered with every other write."""
         lease = fence or current_lease.get()
         self._mailbox_send.send_nowait(WriteEvents(events, blobs=blobs, fence=lease))
+        if lease is not None:
+            self._unsettled[lease[0]] = self._unsettled.get(lease[0], 0) + 1
 
     async def write(
         self,
@@ -372,6 +392,8 @@ class LedgerPort(ABC):
         reply_send, reply_receive = trio.open_memory_channel[list[Event] | Exception](1)
         lease = fence or current_lease.get()
         self._mailbox_send.send_nowait(WriteEvents(events, reply_send, blobs, lease))
+        if lease is not None:
+            self._unsettled[lease[0]] = self._unsettled.get(lease[0], 0) + 1
         self._end_grouping()
         answer = await reply_receive.receive()
         if isinstance(answer, Exception):
@@ -381,6 +403,17 @@ class LedgerPort(ABC):
     async def flush(self) -> None:
         """Wait until every write posted before this call is committed."""
         await self.write(())
+
+    async def settle(self, session_id: str) -> None:
+        """Wait until the writes made under the session's lease are committed.
+
+        As ``flush`` for a ledger of one process. A shared ledger's flush is a
+        transaction (its fence is checked there); when every write made under this
+        session's lease has been answered already, there is nothing to wait for, and
+        none is made: a turn's start and its release used to make one each (issue 18).
+        """
+        if not self.cluster or self._unsettled.get(session_id):
+            await self.flush()
 
     def close_writer(self) -> None:
         self._mailbox_send.close()
