@@ -246,8 +246,9 @@ class SessionActor:
         self._empty_at = None if inbox else mark
         return inbox
 
-    async def _take(self, item: InboxItem, session: Session) -> list[NewEvent]:
-        """The events that turn an inbox item into a user message, in one transaction."""
+    def _take(self, item: InboxItem, session: Session) -> tuple[list[NewEvent], UserMessage]:
+        """The events that turn an inbox item into a user message, in one transaction,
+        and that message."""
         message = UserMessage(
             id=item.id,
             session_id=self.session_id,
@@ -265,7 +266,7 @@ class SessionActor:
             NewEvent("inbox.taken", self.session_id, {"id": item.id}),
             NewEvent.of("message.created", self.session_id, message),
             NewEvent.of("part.created", self.session_id, part),
-        ]
+        ], message
 
     async def _take_steered(self) -> None:
         mark = self._ledger.inbox_mark(self.session_id)
@@ -278,7 +279,7 @@ class SessionActor:
             session = self._session()
             events: list[NewEvent] = []
             for item in items:
-                events.extend(await self._take(item, session))
+                events.extend(self._take(item, session)[0])
             await self._ledger.write(events)
 
     async def _claim(self, item: InboxItem, nursery: trio.Nursery, *, empty_at: int | None) -> None:
@@ -292,7 +293,7 @@ class SessionActor:
         session = self._state = await self._ledger.session_async(self.session_id)
         if session is None:
             raise LookupError(f"session {self.session_id} does not exist")
-        events = await self._take(item, session)
+        events, message = self._take(item, session)
         claim = {"message_id": item.id, "session_id": self.session_id, "started": time.time()}
         # The claim is committed with the user message: from here a crash resumes the turn.
         events.append(NewEvent("turn.started", self.session_id, claim))
@@ -312,7 +313,7 @@ class SessionActor:
         if not session.title and self._services.config.title_model:
             # Off the critical path: the turn never waits for the title, nor fails with it.
             nursery.start_soon(self._write_title, item.text)
-        await self._run_turn(item.id)
+        await self._run_turn(item.id, message)
 
     async def _write_title(self, prompt: str) -> None:
         config = self._services.config
@@ -393,10 +394,11 @@ class SessionActor:
 
     # --- a turn: prepared, supervised, recorded ---------------------------------------------
 
-    async def _run_turn(self, message_id: str) -> None:
-        """Run a claimed turn to its end and record how it ended."""
+    async def _run_turn(self, message_id: str, message: UserMessage | None = None) -> None:
+        """Run a claimed turn to its end and record how it ended (``message``: its user
+        message as just written, which then need not be read back)."""
         with structlog.contextvars.bound_contextvars(turn=message_id):
-            turn = await self._builder.turn(message_id, self._session())
+            turn = await self._builder.turn(message_id, self._session(), message)
             log.info("turn started")
             result: TurnResult | None = None
             try:

@@ -74,7 +74,9 @@ class TurnBuilder:
     child_actor: ChildActorFactory
     hooks: SessionHooks
 
-    async def turn(self, message_id: str, session: Session) -> Turn:
+    async def turn(
+        self, message_id: str, session: Session, user_message: UserMessage | None = None
+    ) -> Turn:
         config = self.services.config
         if self.is_child:
             budget = self.lineage.budget
@@ -88,7 +90,8 @@ class TurnBuilder:
             # Lazily, by the first turn that may use them; shared by the harness's sessions.
             await self.services.mcp.prepare(session.id, Path(session.directory))
         skills = await self._skills(session) if "skill" in self.services.tools else ()
-        user_message = await self.services.ledger.user_message_async(message_id)
+        if user_message is None:  # a turn resumed: its user message is in the ledger
+            user_message = await self.services.ledger.user_message_async(message_id)
         return Turn(message_id, tuple(system), budget, skills, user_message)
 
     async def _skills(self, session: Session) -> tuple[Skill, ...]:
