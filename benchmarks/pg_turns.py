@@ -6,8 +6,9 @@ fresh child process per round (no HTTP, no client): ``--sessions`` sessions on a
 schema, all prompted at once, each turn ``--steps`` steps of a scripted model (``read``
 of a small file, then a text), waiting ``--latency`` seconds a step; and reports the
 process's CPU (``getrusage``: every thread, the ledger's writer and tail included) per
-turn and per step, the event loop's thread's own share, and PostgreSQL's own (every ``postgres`` process on the machine, so
-other clusters count too), from the first prompt to the last ``turn.finished``. Trees
+turn and per step, the event loop thread's share, and PostgreSQL's own (every
+``postgres`` process on the machine, so other clusters count too), from the first prompt
+to the last ``turn.finished``; and the ledger's reads and commits per turn, counted. Trees
 take turns (``--base`` names the Python of another checkout), and the best (least) of
 the rounds is reported besides each round, since interference only ever adds CPU::
 
@@ -58,8 +59,8 @@ def cpu_self() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def child(url: str, sessions: int, steps: int, latency: float) -> dict[str, Any]:
-    """In this process: the run, its figures."""
+def child(url: str, sessions: int, steps: int, latency: float) -> None:
+    """In this process: the run; its figures printed as one JSON line."""
     import psycopg
     import trio
 
@@ -95,6 +96,32 @@ def child(url: str, sessions: int, steps: int, latency: float) -> dict[str, Any]
     async def run() -> None:
         async with open_harness(config) as h:
             ids = [(await h.create_session(project)).id for _ in range(sessions)]
+            counts = {"reads": 0, "commits": 0}
+            ledger: Any = h.ledger
+
+            def counted(name: str, key: str) -> None:
+                # Wrapped on the instance, if this tree has the method (a base may not).
+                method = getattr(ledger, name, None)
+                if method is None:
+                    return
+                if name.endswith("_async"):
+
+                    async def wrapper_async(*args: Any) -> Any:
+                        counts[key] += 1
+                        return await method(*args)
+
+                    setattr(ledger, name, wrapper_async)
+                else:
+
+                    def wrapper(*args: Any) -> Any:
+                        counts[key] += 1
+                        return method(*args)
+
+                    setattr(ledger, name, wrapper)
+
+            counted("_rows", "reads")
+            counted("_rows_async", "reads")
+            counted("_commit", "commits")
             async with h.subscribe() as events:
                 cpu, pg, wall = cpu_self(), postgres_cpu(), time.perf_counter()
                 loop_cpu = time.thread_time()
@@ -113,16 +140,20 @@ def child(url: str, sessions: int, steps: int, latency: float) -> dict[str, Any]
                 cpu_ms_per_turn=round(cpu * 1000 / sessions, 2),
                 cpu_ms_per_step=round(cpu * 1000 / (sessions * steps), 2),
                 loop_thread_ms_per_turn=round(loop_cpu * 1000 / sessions, 2),
+                # The ledger's reads (PostgreSQL's async ones do not go through
+                # ``_rows``) and the writer's transactions.
+                reads_per_turn=round(counts["reads"] / sessions, 2),
+                commits_per_turn=round(counts["commits"] / sessions, 2),
                 postgres_ms_per_turn=round(pg * 1000 / sessions, 2),
                 wall_s=round(wall, 2),
             )
+            print(json.dumps(figures), flush=True)  # before closing, which may fail
 
     try:
         trio.run(run)
     finally:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA {schema} CASCADE")
-    return figures
 
 
 def main() -> None:
@@ -145,7 +176,7 @@ def main() -> None:
     if not args.url:
         sys.exit("give --url or HARNESS_TEST_POSTGRES")
     if args.child:
-        print(json.dumps(child(args.url, args.sessions, args.steps, args.latency)))
+        child(args.url, args.sessions, args.steps, args.latency)
         return
     trees: dict[str, tuple[str, str | None]] = {"this": (sys.executable, None)}
     if args.base:
@@ -165,9 +196,12 @@ def main() -> None:
             if path:
                 env["PYTHONPATH"] = path
             out = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
-            if out.returncode != 0:
+            printed = [line for line in out.stdout.splitlines() if line.startswith("{")]
+            if not printed:
                 sys.exit(f"{name}: {out.stderr[-2000:]}")
-            figures = json.loads(out.stdout.strip().splitlines()[-1])
+            if out.returncode != 0:  # measured, then failed while closing: say so
+                print(f"{name}: exit {out.returncode}: {out.stderr.strip().splitlines()[-1]}")
+            figures = json.loads(printed[-1])
             print(json.dumps({"tree": name, "load": os.getloadavg()[0], **figures}), flush=True)
             kept = best.setdefault(name, dict(figures))
             for key, value in figures.items():
