@@ -18,7 +18,7 @@ from harness.messages.mailbox import FeedMessage, Publish, WriteEvents
 from harness.messages.model import Session
 from harness.storage.pg_schema import PG_SCHEMA_VERSION
 from harness.storage.port import ClusterHooks, LedgerError, LedgerFenced
-from harness.storage.postgres import PostgresLedger
+from harness.storage.postgres import LOOP_READERS, PostgresLedger
 
 
 def _created(session_id: str) -> NewEvent:
@@ -327,6 +327,17 @@ async def test_the_loops_reads_leave_it_free_and_survive_a_cancel_and_a_drop(
                 nursery.start_soon(ledger._rows_async, "SELECT 1 FROM pg_sleep(0.4)")
         assert trio.current_time() - started < 1.0
         assert len(ledger._loop_readers) == 3
+        # With every loop reader busy, a read does not queue: it is made as before.
+        answers: list[list[tuple[object, ...]]] = []
+
+        async def read(value: int) -> None:
+            answers.append(await ledger._rows_async("SELECT ?::int FROM pg_sleep(0.2)", (value,)))
+
+        async with trio.open_nursery() as nursery:
+            for value in range(LOOP_READERS + 2):
+                nursery.start_soon(read, value)
+        assert sorted(answers) == [[(value,)] for value in range(LOOP_READERS + 2)]
+        assert len(ledger._loop_readers) == LOOP_READERS
 
 
 async def test_settle_makes_no_transaction_when_the_sessions_writes_are_all_in(
