@@ -61,6 +61,12 @@ LOOP_READERS = 4
 # How long a loop's read waits for its answer before letting the loop go on (benchmarks/
 # pg_reads.py): a scheduler round on a busy loop is longer than a local answer.
 READ_SPIN_SECONDS = 0.001
+# The round trip (median of a few, at start) from which the loop's hot reads are driven
+# non-blocking: a database farther than a scheduler round on a busy loop (1-3 ms). Below
+# it, a blocking read is cheaper: at saturation, with the database on the same machine,
+# the driven reads cost 0.3 ms of CPU a step more and a fifth of the throughput
+# (benchmarks/pg_turns.py, issue 18).
+DRIVEN_READS_FROM_SECONDS = 0.002
 _POLL_SECONDS = 1.0  # the tail reads the log this often even without a NOTIFY
 TAKEOVER_BATCH = 256  # sessions one scan claims at most: the rest go to the next daemon's
 ORPHAN_SCAN_SECONDS = 0.5  # how often a daemon looks for work whose holder stopped renewing
@@ -384,6 +390,7 @@ class PostgresLedger(LedgerPort):
         self._loop_readers: list[psycopg.Connection[tuple[Any, ...]]] = []
         self._loop_reader_slots = trio.Semaphore(LOOP_READERS)
         self.read_spin = READ_SPIN_SECONDS
+        self.driven_reads = self._round_trip() >= DRIVEN_READS_FROM_SECONDS
 
     # --- connections ---------------------------------------------------------------------
 
@@ -485,8 +492,26 @@ class PostgresLedger(LedgerPort):
                 f"the ledger database {self.where} cannot be read: {_first_line(error)}"
             ) from None
 
+    def _round_trip(self) -> float:
+        """The read connection's round trip to the server now: the median of five."""
+        import psycopg
+
+        times = []
+        try:
+            for _ in range(5):
+                start = time.perf_counter()
+                self._read.execute("SELECT 1", prepare=False).fetchall()
+                times.append(time.perf_counter() - start)
+        except psycopg.Error:
+            return 0.0  # reads will say what is wrong
+        return sorted(times)[2]
+
     async def _rows_async(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """One read on a loop reader connection; the loop is not held for a slow answer.
+
+        Only for a database whose round trip is ``DRIVEN_READS_FROM_SECONDS`` or more
+        (``driven_reads``, measured when the ledger opens); a closer one is read
+        blocking, on the read connection, which costs less.
 
         psycopg's own execution generator is driven here with Trio's waits on the
         connection's socket, as its ``AsyncCursor`` drives it with asyncio's (which fails
@@ -499,6 +524,8 @@ class PostgresLedger(LedgerPort):
         """
         import psycopg
 
+        if not self.driven_reads:
+            return self._rows(sql, args)  # the database is close: blocking is cheaper
         slots = self._loop_reader_slots
         try:
             slots.acquire_nowait()  # not ``async with``: its checkpoint costs a round
