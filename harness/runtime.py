@@ -52,6 +52,7 @@ from harness.messages.mailbox import (
     ListQuestions,
     RegisterChild,
     ReplyPermission,
+    SupervisorMessage,
     WakeSession,
     ask,
 )
@@ -821,17 +822,20 @@ async def _open_harness(config: Config, *, session_mcp: bool = False) -> AsyncIt
     if reaped:
         ledger.post(reaped)
     if ledger.cluster:
+
+        def tell(message: SupervisorMessage) -> None:
+            # The supervisor may have ended already (shutting down): the ledger's tasks
+            # (the orphan scan, the tail) can still hear of work then, for no one.
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                supervisor.mailbox.send_nowait(message)
+
         ledger.hooks = ClusterHooks(
-            wake=lambda session_id: supervisor.mailbox.send_nowait(
-                WakeSession(session_id, remote=True)
-            ),
-            lost=lambda session_id: supervisor.mailbox.send_nowait(LeaseLost(session_id)),
-            orphan=lambda session_id: supervisor.mailbox.send_nowait(
-                WakeSession(session_id, remote=True, orphan=True)
-            ),
+            wake=lambda session_id: tell(WakeSession(session_id, remote=True)),
+            lost=lambda session_id: tell(LeaseLost(session_id)),
+            orphan=lambda session_id: tell(WakeSession(session_id, remote=True, orphan=True)),
             replied=lambda data: _forward_reply(permission, data),
             answered=lambda kind, data: _forward_answer(question, kind, data),
-            cancel=lambda session_id: supervisor.mailbox.send_nowait(
+            cancel=lambda session_id: tell(
                 CancelSession(session_id, trio.open_memory_channel[bool](1)[0])
             ),
         )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -375,3 +376,23 @@ async def test_settle_makes_no_transaction_when_the_sessions_writes_are_all_in(
         # A flush still checks the fence, as a transaction of its own.
         await ledger.write((), fence=("ses_a", epoch))
         assert len(commits) == done + 1
+
+
+async def test_work_heard_of_after_the_supervisor_ended_is_dropped_not_raised(
+    postgres_schema: str, tmp_path: Path
+) -> None:
+    """At shutdown the ledger's orphan scan and tail can still hear of work after the
+    supervisor ended: the daemon stopped with a BrokenResourceError traceback."""
+    from harness.runtime import open_harness
+
+    config = Config(
+        home=tmp_path / "home",
+        model=f"scripted:{tmp_path / 'model.json'}",
+        ledger=postgres_schema,
+        interactive=False,
+    )
+    async with open_harness(config) as h:
+        hooks = h.ledger.hooks
+    assert hooks is not None
+    for hook in (hooks.orphan, hooks.wake, hooks.lost, hooks.cancel):
+        hook("ses_gone")
