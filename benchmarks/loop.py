@@ -271,6 +271,9 @@ def first_request_at(root: str, token: str) -> float:
 PHASES = {
     "build history": [
         ("harness.history", "History", "sync"),
+        # The runner's catch_up (async, not probed) applies the changes read with
+        # ``_apply``; the read itself (SQLite: tens of µs) is no longer in this phase.
+        ("harness.history", "History", "_apply"),
         ("harness.history", "History", "chat"),
     ],
     "estimate": [("harness.actors.runner", "Runner", "_estimate")],
@@ -341,6 +344,8 @@ def install_phase_probes(step_of: Any) -> dict[str, list[float]]:
                 setattr(module, owner, probe(phase, getattr(module, owner)))
             else:
                 cls = getattr(module, owner)
+                if not hasattr(cls, attribute):
+                    continue  # an older harness without it
                 setattr(cls, attribute, probe(phase, getattr(cls, attribute)))
     return totals
 

@@ -147,7 +147,15 @@ class History:
         self._view_changed: set[str] = set()  # messages changed since the view was built
 
     def sync(self) -> None:
-        messages, parts, self.mark = self._ledger.changes(self.session_id, self.mark)
+        self._apply(*self._ledger.changes(self.session_id, self.mark))
+
+    async def catch_up(self) -> None:
+        """``sync``, with the read made as the event loop's hot reads are (the loop is
+        free while a database server answers: ``LedgerPort.changes_async``)."""
+        self._apply(*await self._ledger.changes_async(self.session_id, self.mark))
+
+    def _apply(self, messages: list[Message], parts: list[Part], mark: int) -> None:
+        self.mark = mark
         for message in messages:
             entry = self._entries.get(message.id)
             if entry is None:

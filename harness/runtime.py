@@ -52,6 +52,7 @@ from harness.messages.mailbox import (
     ListQuestions,
     RegisterChild,
     ReplyPermission,
+    SupervisorMessage,
     WakeSession,
     ask,
 )
@@ -83,6 +84,10 @@ _DELETE_WAIT = 10.0  # seconds a deletion waits for a cancelled turn to write it
 
 class HarnessError(ValueError):
     """A request the harness refuses (unknown session, bad directory); says why."""
+
+
+class UnknownSession(HarnessError):
+    """No session has this id (the API answers 404)."""
 
 
 class PromptConflict(HarnessError):
@@ -226,7 +231,7 @@ class Harness:
     def session(self, session_id: str) -> Session:
         session = self.ledger.session(session_id)
         if session is None:
-            raise HarnessError(f"no session {session_id}")
+            raise UnknownSession(f"no session {session_id}")
         return session
 
     def sessions(self) -> list[Session]:
@@ -304,7 +309,9 @@ class Harness:
         ``PromptConflict``, never a prompt silently dropped. ``max_steps`` limits this
         turn only.
         """
-        self.session(session_id)
+        # Not ``self.session``: a prompt's reads are a turn's fixed cost (issue 18).
+        if await self.ledger.session_async(session_id) is None:
+            raise UnknownSession(f"no session {session_id}")
         if not text.strip():
             raise HarnessError("the prompt is empty")
         if message_id is not None:
@@ -815,17 +822,20 @@ async def _open_harness(config: Config, *, session_mcp: bool = False) -> AsyncIt
     if reaped:
         ledger.post(reaped)
     if ledger.cluster:
+
+        def tell(message: SupervisorMessage) -> None:
+            # The supervisor may have ended already (shutting down): the ledger's tasks
+            # (the orphan scan, the tail) can still hear of work then, for no one.
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                supervisor.mailbox.send_nowait(message)
+
         ledger.hooks = ClusterHooks(
-            wake=lambda session_id: supervisor.mailbox.send_nowait(
-                WakeSession(session_id, remote=True)
-            ),
-            lost=lambda session_id: supervisor.mailbox.send_nowait(LeaseLost(session_id)),
-            orphan=lambda session_id: supervisor.mailbox.send_nowait(
-                WakeSession(session_id, remote=True, orphan=True)
-            ),
+            wake=lambda session_id: tell(WakeSession(session_id, remote=True)),
+            lost=lambda session_id: tell(LeaseLost(session_id)),
+            orphan=lambda session_id: tell(WakeSession(session_id, remote=True, orphan=True)),
             replied=lambda data: _forward_reply(permission, data),
             answered=lambda kind, data: _forward_answer(question, kind, data),
-            cancel=lambda session_id: supervisor.mailbox.send_nowait(
+            cancel=lambda session_id: tell(
                 CancelSession(session_id, trio.open_memory_channel[bool](1)[0])
             ),
         )

@@ -63,7 +63,13 @@ from harness.messages.question import QuestionRequest
 from harness.messages.todo import Todo
 from harness.openapi import Operation, Param, Route, build_document
 from harness.providers.errors import ProviderError
-from harness.runtime import Harness, HarnessError, PromptConflict, open_harness
+from harness.runtime import (
+    Harness,
+    HarnessError,
+    PromptConflict,
+    UnknownSession,
+    open_harness,
+)
 from harness.snapshots import RevertConflict, SessionBusy, SnapshotError
 from harness.storage.ledger import LedgerError
 from harness.storage.lock import LockHolder
@@ -297,8 +303,8 @@ async def _messages(h: Harness, request: Request, session_id: str) -> Response:
 
 async def _prompt(h: Harness, request: Request, session_id: str) -> Response:
     body: PromptBody = request.json(PromptBody)
-    _session_or_404(h, session_id)
     try:
+        # The session is looked up there, once: 404 if it does not exist.
         message_id = await h.prompt(
             session_id,
             body.text,
@@ -306,6 +312,8 @@ async def _prompt(h: Harness, request: Request, session_id: str) -> Response:
             message_id=body.message_id,
             max_steps=body.max_steps,
         )
+    except UnknownSession:
+        raise ApiError(404, "not_found", f"no session {session_id}") from None
     except PromptConflict as error:
         raise ApiError(409, "message_id_conflict", str(error)) from None
     except HarnessError as error:

@@ -770,3 +770,54 @@ def test_harness_run_through_another_daemon_streams_the_turn_its_holder_runs(
     owners = cluster.query("SELECT owner FROM leases WHERE session_id = %s", sid)
     assert [int(row[0].split(":")[1]) for row in owners] == [holder.process.pid]
     assert [f["answer"] for f in cluster.finished(sid)] == ["first, slowly", second]
+
+
+def test_a_prompt_steered_and_one_queued_through_another_daemon_reach_the_running_turn(
+    cluster: Cluster, tmp_path: Path, project: Path
+) -> None:
+    """The holder skips its per-step inbox read while it has seen no input added (issue
+    18): input sent through another daemon reaches it through the tail, which moves the
+    mark. So a steered prompt still joins the running turn, a queued one runs after it."""
+    a, b = cluster.start(2)
+    step = {"tool_calls": [{"name": "read", "arguments": {"path": "notes.txt"}}], "delay": 0.4}
+    turns = [
+        step,
+        {**step, "tool_calls": [{"name": "read", "arguments": {"path": "other.txt"}}]},
+        {"text": "first done", "delay": 0.4},
+        {"text": "queued done"},
+    ]
+    model = script(tmp_path / "s.json", turns)
+    session = a.client.create_session(directory=str(project), model=model)["id"]
+    first = a.client.prompt(session, "first")
+    wait_for("the turn to run", lambda: cluster.holder_pid(session) is not None)
+    holder = cluster.holder_pid(session)
+    other = b if holder == a.process.pid else a
+    assert holder in (a.process.pid, b.process.pid) and other.process.pid != holder
+    wait_for(
+        "the first step to start",
+        lambda: cluster.query(
+            "SELECT count(*) FROM messages WHERE session_id = %s AND role = 'assistant'",
+            session,
+        )[0][0]
+        >= 1,
+    )
+    queued = other.client.prompt(session, "afterwards", delivery="queue")
+    steered = other.client.prompt(session, "also this", delivery="steer")
+    wait_for("both turns to finish", lambda: len(cluster.finished(session)) >= 2)
+    finished = cluster.finished(session)
+    assert [(f["message_id"], f["answer"]) for f in finished] == [
+        (first, "first done"),
+        (queued, "queued done"),
+    ]
+    messages = other.client.messages(session)
+    assert [m["info"]["id"] for m in messages if m["info"]["role"] == "user"] == [
+        first,
+        steered,
+        queued,
+    ]
+    # Steered into the first turn: its last step (the answer) came after it.
+    steered_at = [m["info"]["id"] for m in messages].index(steered)
+    assert any(
+        m["info"]["role"] == "assistant" and m["info"].get("parent_id") == first
+        for m in messages[steered_at + 1 :]
+    ), "the first turn took a step after the steered prompt"

@@ -57,11 +57,17 @@ def checked_views(
     """Every view ``History.chat`` builds, each checked against a fresh History's."""
     views: list[list[ChatMessage]] = []
     fresh: dict[int, History] = {}
-    sync, chat = History.sync, History.chat
+    sync, catch_up, chat = History.sync, History.catch_up, History.chat
 
     def synced(self: History) -> None:
         sync(self)
         # Read at the very moment the turn's History read: the same ledger state.
+        other = History(self._ledger, self.session_id)
+        sync(other)
+        fresh[id(self)] = other
+
+    async def caught_up(self: History) -> None:  # the runner's sync, with the async read
+        await catch_up(self)
         other = History(self._ledger, self.session_id)
         sync(other)
         fresh[id(self)] = other
@@ -79,6 +85,7 @@ def checked_views(
         return view[:-1]
 
     monkeypatch.setattr(History, "sync", synced)
+    monkeypatch.setattr(History, "catch_up", caught_up)
     monkeypatch.setattr(History, "chat", checked)
     yield views
 

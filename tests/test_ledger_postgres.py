@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -14,11 +15,11 @@ import trio
 
 from harness.config import Config, ConfigError
 from harness.messages.events import Event, NewEvent
-from harness.messages.mailbox import FeedMessage, Publish
+from harness.messages.mailbox import FeedMessage, Publish, WriteEvents
 from harness.messages.model import Session
 from harness.storage.pg_schema import PG_SCHEMA_VERSION
 from harness.storage.port import ClusterHooks, LedgerError, LedgerFenced
-from harness.storage.postgres import PostgresLedger
+from harness.storage.postgres import LOOP_READERS, PostgresLedger
 
 
 def _created(session_id: str) -> NewEvent:
@@ -279,3 +280,119 @@ async def test_hostile_text_round_trips_through_the_commits_quoted_query(
         titles = [e.data.get("title") for e in ledger.events_after(0)]
         assert titles == ["", hostile, hostile + "2", "", hostile * 50]
         assert [e.seq for e in ledger.events_after(0)] == [1, 2, 3, 4, 5]
+
+
+async def test_the_loops_reads_leave_it_free_and_survive_a_cancel_and_a_drop(
+    postgres_schema: str,
+) -> None:
+    """A step's reads, from a database that is not close, run on the event loop without
+    blocking it (issue 18): psycopg's generator is driven with Trio's waits on the loop
+    reader connection's socket."""
+    async with daemon(postgres_schema) as ledger:
+        ledger.driven_reads = True  # as for a database farther away than this one
+        await ledger.write([_created("ses_a")])
+        session = await ledger.session_async("ses_a")
+        assert session is not None and session.id == "ses_a"
+        assert await ledger.changes_async("ses_a", 0) == ledger.changes("ses_a", 0)
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await trio.sleep(0.01)
+                ticks += 1
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(tick)
+            rows = await ledger._rows_async("SELECT ?::text FROM pg_sleep(0.3)", ("x",))
+            nursery.cancel_scope.cancel()
+        assert rows == [("x",)]
+        assert ticks >= 10, "the loop was held while the server worked"
+        # Cut off mid-read: its connection, a query still in flight, is not used again.
+        with trio.move_on_after(0.05) as cut:
+            await ledger._rows_async("SELECT 1 FROM pg_sleep(2)")
+        assert cut.cancelled_caught
+        assert await ledger._rows_async("SELECT ?::int + 1", (41,)) == [(42,)]
+        # Dropped by the server: made again, once, and the read answers.
+        [reader] = ledger._loop_readers  # reads one at a time: one connection made
+        with psycopg.connect(postgres_schema, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(%s)", (reader.pgconn.backend_pid,))
+        assert await ledger.inbox_async("ses_a") == []
+        assert ledger._loop_readers != [reader] and len(ledger._loop_readers) == 1
+        # A statement the server refuses raises as with ``_rows``; the connection serves on.
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            await ledger._rows_async("SELECT 1 FROM no_such_table")
+        assert await ledger.claimed_turns_async("ses_a") == []
+        # Reads of several tasks are in flight together, each on a connection of its own.
+        started = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(ledger._rows_async, "SELECT 1 FROM pg_sleep(0.4)")
+        assert trio.current_time() - started < 1.0
+        assert len(ledger._loop_readers) == 3
+        # With every loop reader busy, a read does not queue: it is made as before.
+        answers: list[list[tuple[object, ...]]] = []
+
+        async def read(value: int) -> None:
+            answers.append(await ledger._rows_async("SELECT ?::int FROM pg_sleep(0.2)", (value,)))
+
+        async with trio.open_nursery() as nursery:
+            for value in range(LOOP_READERS + 2):
+                nursery.start_soon(read, value)
+        assert sorted(answers) == [[(value,)] for value in range(LOOP_READERS + 2)]
+        assert len(ledger._loop_readers) == LOOP_READERS
+        # A database this close is read blocking, which costs less; the answers are the same.
+        ledger.driven_reads = False
+        assert await ledger.changes_async("ses_a", 0) == ledger.changes("ses_a", 0)
+        assert await ledger._rows_async("SELECT ?::int", (7,)) == [(7,)]
+
+
+async def test_settle_makes_no_transaction_when_the_sessions_writes_are_all_in(
+    postgres_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn's start and its release wait for the session's own writes (issue 18): with
+    none pending, no transaction; with one pending, it is committed first."""
+    async with daemon(postgres_schema) as ledger:
+        await ledger.write([_created("ses_a")])
+        epoch = await ledger.claim("ses_a")
+        assert epoch is not None
+        commits: list[int] = []
+        commit = ledger._commit
+
+        def counting(batch: list[WriteEvents]) -> list[list[Event] | LedgerFenced]:
+            commits.append(len(batch))
+            return commit(batch)
+
+        monkeypatch.setattr(ledger, "_commit", counting)
+        await ledger.settle("ses_a")
+        assert commits == []
+        ledger.post([_titled("ses_a", "pending")], fence=("ses_a", epoch))
+        await ledger.settle("ses_a")
+        assert ledger.session("ses_a").title == "pending"  # type: ignore[union-attr]
+        assert commits  # the post, and the flush that waited for it
+        done = len(commits)
+        await ledger.settle("ses_a")
+        assert len(commits) == done
+        # A flush still checks the fence, as a transaction of its own.
+        await ledger.write((), fence=("ses_a", epoch))
+        assert len(commits) == done + 1
+
+
+async def test_work_heard_of_after_the_supervisor_ended_is_dropped_not_raised(
+    postgres_schema: str, tmp_path: Path
+) -> None:
+    """At shutdown the ledger's orphan scan and tail can still hear of work after the
+    supervisor ended: the daemon stopped with a BrokenResourceError traceback."""
+    from harness.runtime import open_harness
+
+    config = Config(
+        home=tmp_path / "home",
+        model=f"scripted:{tmp_path / 'model.json'}",
+        ledger=postgres_schema,
+        interactive=False,
+    )
+    async with open_harness(config) as h:
+        hooks = h.ledger.hooks
+    assert hooks is not None
+    for hook in (hooks.orphan, hooks.wake, hooks.lost, hooks.cancel):
+        hook("ses_gone")

@@ -1088,6 +1088,32 @@ async def test_queued_prompts_run_as_two_turns_in_order(tmp_path: Path, project:
         assert transcript[3].info.parent_id == two  # type: ignore[union-attr]
 
 
+async def test_a_turn_reads_its_inbox_once_not_once_a_step(
+    tmp_path: Path, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The steering check of each step skips the read while nothing was added (issue 18):
+    the ledger's inbox mark has not moved since the inbox was seen empty."""
+    turns = [{"tool_calls": [read(name)]} for name in ("notes.txt", "a.txt", "b.txt")]
+    turns.append({"text": "done"})
+    async with open_loop(tmp_path, project, turns) as lp:
+        ledger = lp.h.ledger
+        reads: list[tuple[Any, ...]] = []
+        rows = ledger._rows
+
+        def counting(sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+            if sql.startswith("SELECT data FROM inbox WHERE session_id"):
+                reads.append(args)
+            return rows(sql, args)
+
+        monkeypatch.setattr(ledger, "_rows", counting)
+        result = await lp.drive("read it three times")
+        await ledger.flush()
+        assert (result.reason, result.answer) == ("answered", "done")
+        assert len(lp.requests) == 4
+        assert reads == [(lp.sid,)]  # to take the prompt; none for the four steps
+        assert ledger.inbox_mark(lp.sid) > 0  # the prompt moved it
+
+
 async def test_steer_joins_the_running_turn(tmp_path: Path, project: Path) -> None:
     turns = [
         {"tool_calls": [read("notes.txt", "callSteer1")]},

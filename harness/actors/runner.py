@@ -153,7 +153,7 @@ class Runner:
             await self._take_steered()
             await self._flush()
             await self._refresh_tools()
-            self._history.sync()
+            await self._history.catch_up()
             step = self._history.step_count(user_message_id) + 1
             outcome = await self._advance(user_message_id, step, compacted_at != step)
             if isinstance(outcome, Stop):
@@ -184,9 +184,14 @@ class Runner:
         return outcome
 
     async def _result(self, user_message_id: str, stop: Stop) -> TurnResult:
-        await self._flush()
-        self._history.sync()
-        answer = stop.answer if stop.answer is not None else self._last_text(user_message_id)
+        answer = stop.answer
+        if answer is None:
+            # The last step's text, once what it posted is in the ledger. An answer
+            # found in the history needs neither (nothing was posted since the read):
+            # the session actor's flush after ``turn.finished`` covers the turn's writes.
+            await self._flush()
+            await self._history.catch_up()
+            answer = self._last_text(user_message_id)
         return TurnResult(user_message_id, stop.reason, answer, stop.error)
 
     def _last_step(self, step: int) -> LastStep | None:
@@ -266,7 +271,7 @@ class Runner:
         """A turn the user asked for (chat's ``/compact``): summarize everything, keep
         nothing verbatim, and end; the summary's message is the turn's only step."""
         await self._flush()
-        self._history.sync()
+        await self._history.catch_up()
         before = self._estimate()
         outcome = await compact(
             self._recorder,

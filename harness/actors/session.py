@@ -87,6 +87,11 @@ class SessionActor:
         self._provider_for: tuple[str, str | None] = ("", None)  # (model, base_url)
         self._restarts = RestartPolicy(config.restart_limit, config.restart_window)
         self._state: Session | None = None
+        # The ledger's inbox mark (``LedgerPort.inbox_mark``) when this actor last saw
+        # the inbox empty, and when it last saw no steered input in it: while the mark
+        # has not moved, neither has changed, so the read is skipped (one a step).
+        self._empty_at: int | None = None
+        self._unsteered_at: int | None = None
         # A shared ledger's lease on this session (DESIGN §14), held while a turn runs:
         # (session_id, epoch), carried by every write of this actor's tasks.
         self.lease: tuple[str, int] | None = None
@@ -186,7 +191,7 @@ class SessionActor:
         The task keeps its fence: a late write (a title) still lands unless another daemon
         has claimed the session since, and is refused if it has."""
         if self._ledger.cluster and self.lease is not None:
-            await self._ledger.flush()
+            await self._ledger.settle(self.session_id)
             await self._ledger.release(self.session_id)
             self.lease = None
 
@@ -210,7 +215,8 @@ class SessionActor:
         # A turn claimed and never finished was cut short by a crash: it goes first.
         await self._resume_claimed()
         while not self.lost:
-            inbox = self._ledger.inbox(self.session_id)
+            mark = self._ledger.inbox_mark(self.session_id)
+            inbox = await self._read_inbox(mark)
             if not inbox:
                 await self._let_go()
                 with trio.move_on_after(self._idle_release or math.inf):
@@ -228,10 +234,21 @@ class SessionActor:
             if not await self._hold():
                 self._give_up()
                 return
-            await self._claim(inbox[0], nursery)
+            # Once the item is taken, an inbox that held only it is empty as of ``mark``.
+            await self._claim(inbox[0], nursery, empty_at=mark if len(inbox) == 1 else None)
 
-    async def _take(self, item: InboxItem, session: Session) -> list[NewEvent]:
-        """The events that turn an inbox item into a user message, in one transaction."""
+    async def _read_inbox(self, mark: int) -> list[InboxItem]:
+        """The inbox, read unless it was seen empty at this very mark (``mark``: the
+        ledger's inbox mark, taken before the read, so input added meanwhile moves it)."""
+        if mark == self._empty_at:
+            return []
+        inbox = await self._ledger.inbox_async(self.session_id)
+        self._empty_at = None if inbox else mark
+        return inbox
+
+    def _take(self, item: InboxItem, session: Session) -> tuple[list[NewEvent], UserMessage]:
+        """The events that turn an inbox item into a user message, in one transaction,
+        and that message."""
         message = UserMessage(
             id=item.id,
             session_id=self.session_id,
@@ -249,26 +266,34 @@ class SessionActor:
             NewEvent("inbox.taken", self.session_id, {"id": item.id}),
             NewEvent.of("message.created", self.session_id, message),
             NewEvent.of("part.created", self.session_id, part),
-        ]
+        ], message
 
     async def _take_steered(self) -> None:
-        session = self._session()
-        items = [i for i in self._ledger.inbox(self.session_id) if i.delivery == "steer"]
-        if items:
+        mark = self._ledger.inbox_mark(self.session_id)
+        if mark == self._unsteered_at:
+            return  # nothing added since the inbox last held no steered input
+        items = [i for i in await self._read_inbox(mark) if i.delivery == "steer"]
+        if not items:
+            self._unsteered_at = mark
+        else:
+            session = self._session()
             events: list[NewEvent] = []
             for item in items:
-                events.extend(await self._take(item, session))
+                events.extend(self._take(item, session)[0])
             await self._ledger.write(events)
 
-    async def _claim(self, item: InboxItem, nursery: trio.Nursery) -> None:
-        """Take ``item`` as a new turn, claimed durably with its user message, and run it."""
+    async def _claim(self, item: InboxItem, nursery: trio.Nursery, *, empty_at: int | None) -> None:
+        """Take ``item`` as a new turn, claimed durably with its user message, and run it.
+
+        ``empty_at``: the inbox mark at which the inbox held this item alone."""
         # Between turns the row may have been changed through the API (PATCH, refused
         # while a turn runs or input waits): start each turn from the ledger's copy, once
         # this actor's own last posts (a late title) have landed in it.
-        await self._ledger.flush()
-        self._state = None
-        session = self._session()
-        events = await self._take(item, session)
+        await self._ledger.settle(self.session_id)
+        session = self._state = await self._ledger.session_async(self.session_id)
+        if session is None:
+            raise LookupError(f"session {self.session_id} does not exist")
+        events, message = self._take(item, session)
         claim = {"message_id": item.id, "session_id": self.session_id, "started": time.time()}
         # The claim is committed with the user message: from here a crash resumes the turn.
         events.append(NewEvent("turn.started", self.session_id, claim))
@@ -282,12 +307,13 @@ class SessionActor:
             }
             events.append(NewEvent("sandbox.unavailable", self.session_id, notice))
         await self._ledger.write(events)
+        self._empty_at = self._unsteered_at = empty_at
         # Derived, not asked of the model: a run sends no side requests by default.
         self._save(status="busy", error=None, title=session.title or derive_title(item.text))
         if not session.title and self._services.config.title_model:
             # Off the critical path: the turn never waits for the title, nor fails with it.
             nursery.start_soon(self._write_title, item.text)
-        await self._run_turn(item.id)
+        await self._run_turn(item.id, message)
 
     async def _write_title(self, prompt: str) -> None:
         config = self._services.config
@@ -303,7 +329,7 @@ class SessionActor:
     # --- recovery: turns a crash or a full disk cut short -----------------------------------
 
     async def _resume_claimed(self) -> None:
-        for _, message_id, resumes in self._ledger.claimed_turns(self.session_id):
+        for _, message_id, resumes in await self._ledger.claimed_turns_async(self.session_id):
             if self.lost:
                 return
             await self._resume(message_id, resumes)
@@ -368,10 +394,11 @@ class SessionActor:
 
     # --- a turn: prepared, supervised, recorded ---------------------------------------------
 
-    async def _run_turn(self, message_id: str) -> None:
-        """Run a claimed turn to its end and record how it ended."""
+    async def _run_turn(self, message_id: str, message: UserMessage | None = None) -> None:
+        """Run a claimed turn to its end and record how it ended (``message``: its user
+        message as just written, which then need not be read back)."""
         with structlog.contextvars.bound_contextvars(turn=message_id):
-            turn = await self._builder.turn(message_id, self._session())
+            turn = await self._builder.turn(message_id, self._session(), message)
             log.info("turn started")
             result: TurnResult | None = None
             try:

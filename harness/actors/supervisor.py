@@ -103,7 +103,7 @@ class Supervisor:
         it). A child: never; only its turns left behind by a dead daemon are ended.
         """
         ledger = self._services.ledger
-        session = ledger.session(session_id)
+        session = await ledger.session_async(session_id)
         if session is None:
             await ledger.release(session_id)  # claimed as an orphan: nothing to run
             return False

@@ -28,7 +28,7 @@ from harness.context.limits import limits_for
 from harness.context.system import SystemBlock, assemble_system
 from harness.history import History
 from harness.messages.events import NewEvent
-from harness.messages.model import Rule, Session, Tokens
+from harness.messages.model import Rule, Session, Tokens, UserMessage
 from harness.permissions.ruleset import disabled_tools
 from harness.providers import split_model
 from harness.providers.base import Provider
@@ -51,6 +51,7 @@ class Turn:
     system: tuple[SystemBlock, ...]  # once per turn: git status and AGENTS.md hold still
     budget: Budget | None  # None: unlimited
     skills: tuple[Skill, ...] = ()  # found when the turn starts (harness/skills.py)
+    user_message: UserMessage | None = None  # its limits: max_steps, compact
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +74,9 @@ class TurnBuilder:
     child_actor: ChildActorFactory
     hooks: SessionHooks
 
-    async def turn(self, message_id: str, session: Session) -> Turn:
+    async def turn(
+        self, message_id: str, session: Session, user_message: UserMessage | None = None
+    ) -> Turn:
         config = self.services.config
         if self.is_child:
             budget = self.lineage.budget
@@ -87,7 +90,9 @@ class TurnBuilder:
             # Lazily, by the first turn that may use them; shared by the harness's sessions.
             await self.services.mcp.prepare(session.id, Path(session.directory))
         skills = await self._skills(session) if "skill" in self.services.tools else ()
-        return Turn(message_id, tuple(system), budget, skills)
+        if user_message is None:  # a turn resumed: its user message is in the ledger
+            user_message = await self.services.ledger.user_message_async(message_id)
+        return Turn(message_id, tuple(system), budget, skills, user_message)
 
     async def _skills(self, session: Session) -> tuple[Skill, ...]:
         """The session's skills; each SKILL.md skipped is an event and a log line, once
@@ -166,7 +171,7 @@ class TurnBuilder:
             yes=config.yes,
             sandbox=services.sandbox,
         )
-        user_message = ledger.user_message(turn.message_id)
+        user_message = turn.user_message
         turn_steps = user_message.max_steps if user_message is not None else None
         compact_only = user_message is not None and user_message.compact
         runner = Runner(

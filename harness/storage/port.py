@@ -56,6 +56,13 @@ log = structlog.get_logger("harness.ledger")
 _MESSAGE: TypeAdapter[Message] = TypeAdapter(Message, config=ConfigDict(defer_build=True))
 _PART: TypeAdapter[Part] = TypeAdapter(Part, config=ConfigDict(defer_build=True))
 _MAX_BATCH = 1024
+# The reads that a turn or a step makes, each with a synchronous and an async caller.
+_SESSION = "SELECT data FROM sessions WHERE id = ?"
+_INBOX = "SELECT data FROM inbox WHERE session_id = ? ORDER BY seq"
+_SESSION_TURNS = (
+    "SELECT session_id, message_id, resumes FROM turns WHERE session_id = ? ORDER BY started"
+)
+_USER_MESSAGE = "SELECT data FROM messages WHERE id = ? AND role = 'user'"
 _T = TypeVar("_T")
 
 # The lease (session_id, epoch) of the session actor whose task writes: set by the actor
@@ -141,6 +148,15 @@ class LedgerPort(ABC):
         # awaits (or the close) came in since the batch began, which ends that wait.
         self._grouping: trio.CancelScope | None = None
         self._reply_waiting = False
+        # Per session, a mark that changes whenever this process sees input added to
+        # its inbox: committed by its own writer, or read from the log as another
+        # daemon's. A session actor that read an empty inbox at mark M need not read it
+        # again while the mark is still M (``inbox_mark``).
+        self._inbox_marks: dict[str, int] = {}
+        self._inbox_additions = 0
+        # Per session, the writes made under its lease (``fence``) not yet answered by
+        # the writer: while there are none, ``settle`` has nothing to wait for.
+        self._unsettled: dict[str, int] = {}
 
     # --- what a backend provides -----------------------------------------------------------
 
@@ -155,6 +171,12 @@ class LedgerPort(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+    async def _rows_async(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """One read for a hot caller on the event loop (a step's, a turn's). SQLite's is
+        ``_rows`` itself, on the loop: its small indexed reads take microseconds. A
+        backend whose reads wait on a server overrides it, so the loop does not wait."""
+        return self._rows(sql, args)
 
     async def _run_commit(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerFenced]:
         return await on_worker_thread(lambda: self._commit(batch))
@@ -255,14 +277,43 @@ class LedgerPort(ABC):
                 with trio.CancelScope(shield=True):
                     await self._commit_and_answer(batch, feed)
 
+    def inbox_mark(self, session_id: str) -> int:
+        """What this process has seen of input added to the session's inbox.
+
+        It changes, before the input's writer is answered and before any session is
+        woken for it, each time an ``inbox.added`` of the session is committed here or
+        read from another daemon's commits. Nothing else adds to an inbox, so an inbox
+        read empty at mark M is still empty while the mark is M: a session actor reads
+        it once per change, not once per step (issue 18).
+        """
+        return self._inbox_marks.get(session_id, 0)
+
+    def _saw_inbox(self, events: Sequence[Event]) -> None:
+        for event in events:
+            if event.type == "inbox.added":
+                self._inbox_additions += 1  # a counter, never reused: marks never repeat
+                self._inbox_marks[event.session_id] = self._inbox_additions
+
     def recover(self) -> None:
         """Accept writes again after a failure (new input: there may be space now)."""
         self.failure = None
+
+    def _settled(self, batch: list[WriteEvents]) -> None:
+        """The batch is committed or refused: before its writers hear so (``settle``)."""
+        for request in batch:
+            if request.fence is not None:
+                session_id = request.fence[0]
+                left = self._unsettled.get(session_id, 0) - 1
+                if left > 0:
+                    self._unsettled[session_id] = left
+                else:
+                    self._unsettled.pop(session_id, None)
 
     async def _commit_and_answer(
         self, batch: list[WriteEvents], feed: trio.MemorySendChannel[FeedMessage] | None
     ) -> None:
         if self.failure is not None:
+            self._settled(batch)
             for request in batch:
                 if request.reply is not None:
                     request.reply.send_nowait(self.failure)
@@ -273,6 +324,7 @@ class LedgerPort(ABC):
             # worker-thread round trip (~0.1 ms of CPU), and a wire step makes one, after
             # the step's posts went in their own group commit. A shared ledger still
             # commits it: the write's fence is checked there.
+            self._settled(batch)
             for request in batch:
                 if request.reply is not None:
                     request.reply.send_nowait([])
@@ -280,6 +332,7 @@ class LedgerPort(ABC):
         try:
             committed = await self._run_commit(batch)
         except Exception as error:
+            self._settled(batch)
             failure, sticky = self._failure(error)
             for request in batch:
                 if request.reply is not None:
@@ -292,6 +345,7 @@ class LedgerPort(ABC):
             elif not any(request.reply is not None for request in batch):
                 raise failure from error
             return
+        self._settled(batch)
         published: list[Event] = []
         for request, events in zip(batch, committed, strict=True):
             if isinstance(events, LedgerFenced):
@@ -300,6 +354,7 @@ class LedgerPort(ABC):
                 else:
                     log.warning("write refused: the lease is lost", error=str(events))
                 continue
+            self._saw_inbox(events)  # before anyone is answered or woken
             if request.reply is not None:
                 request.reply.send_nowait(events)
             published.extend(events)
@@ -316,6 +371,8 @@ class LedgerPort(ABC):
         """Fire-and-forget write, ordered with every other write."""
         lease = fence or current_lease.get()
         self._mailbox_send.send_nowait(WriteEvents(events, blobs=blobs, fence=lease))
+        if lease is not None:
+            self._unsettled[lease[0]] = self._unsettled.get(lease[0], 0) + 1
 
     async def write(
         self,
@@ -335,6 +392,8 @@ class LedgerPort(ABC):
         reply_send, reply_receive = trio.open_memory_channel[list[Event] | Exception](1)
         lease = fence or current_lease.get()
         self._mailbox_send.send_nowait(WriteEvents(events, reply_send, blobs, lease))
+        if lease is not None:
+            self._unsettled[lease[0]] = self._unsettled.get(lease[0], 0) + 1
         self._end_grouping()
         answer = await reply_receive.receive()
         if isinstance(answer, Exception):
@@ -344,6 +403,17 @@ class LedgerPort(ABC):
     async def flush(self) -> None:
         """Wait until every write posted before this call is committed."""
         await self.write(())
+
+    async def settle(self, session_id: str) -> None:
+        """Wait until the writes made under the session's lease are committed.
+
+        As ``flush`` for a ledger of one process. A shared ledger's flush is a
+        transaction (its fence is checked there); when every write made under this
+        session's lease has been answered already, there is nothing to wait for, and
+        none is made: a turn's start and its release used to make one each (issue 18).
+        """
+        if not self.cluster or self._unsettled.get(session_id):
+            await self.flush()
 
     def close_writer(self) -> None:
         self._mailbox_send.close()
@@ -358,7 +428,12 @@ class LedgerPort(ABC):
     # --- reading ---------------------------------------------------------------------------
 
     def session(self, session_id: str) -> Session | None:
-        rows = self._rows("SELECT data FROM sessions WHERE id = ?", (session_id,))
+        rows = self._rows(_SESSION, (session_id,))
+        return Session.model_validate_json(rows[0][0]) if rows else None
+
+    async def session_async(self, session_id: str) -> Session | None:
+        """``session``, for the event loop's hot callers (``_rows_async``)."""
+        rows = await self._rows_async(_SESSION, (session_id,))
         return Session.model_validate_json(rows[0][0]) if rows else None
 
     def sessions(self, status: str | None = None) -> list[Session]:
@@ -392,6 +467,12 @@ class LedgerPort(ABC):
             parts.setdefault(row[0], []).append(_PART.validate_json(row[1]))
         return [MessageWithParts(info=m, parts=parts.get(m.id, [])) for m in messages]
 
+    async def changes_async(
+        self, session_id: str, after_seq: int
+    ) -> tuple[list[Message], list[Part], int]:
+        """``changes``, for the event loop's hot callers (``_rows_async``)."""
+        return self.changes(session_id, after_seq)
+
     def changes(self, session_id: str, after_seq: int) -> tuple[list[Message], list[Part], int]:
         """Messages and parts of a session written after ``after_seq``, and the new mark.
 
@@ -418,23 +499,24 @@ class LedgerPort(ABC):
         return messages, parts, mark
 
     def inbox(self, session_id: str) -> list[InboxItem]:
-        return [
-            InboxItem.model_validate_json(row[0])
-            for row in self._rows(
-                "SELECT data FROM inbox WHERE session_id = ? ORDER BY seq", (session_id,)
-            )
-        ]
+        return [InboxItem.model_validate_json(row[0]) for row in self._rows(_INBOX, (session_id,))]
+
+    async def inbox_async(self, session_id: str) -> list[InboxItem]:
+        """``inbox``, for the event loop's hot callers (``_rows_async``)."""
+        rows = await self._rows_async(_INBOX, (session_id,))
+        return [InboxItem.model_validate_json(row[0]) for row in rows]
 
     def claimed_turns(self, session_id: str | None = None) -> list[tuple[str, str, int]]:
         """Turns started and never finished: ``(session_id, message_id, resumes)``."""
         if session_id is None:
             rows = self._rows("SELECT session_id, message_id, resumes FROM turns ORDER BY started")
         else:
-            rows = self._rows(
-                "SELECT session_id, message_id, resumes FROM turns WHERE session_id = ?"
-                " ORDER BY started",
-                (session_id,),
-            )
+            rows = self._rows(_SESSION_TURNS, (session_id,))
+        return [(row[0], row[1], int(row[2])) for row in rows]
+
+    async def claimed_turns_async(self, session_id: str) -> list[tuple[str, str, int]]:
+        """``claimed_turns`` of one session, for the event loop's hot callers."""
+        rows = await self._rows_async(_SESSION_TURNS, (session_id,))
         return [(row[0], row[1], int(row[2])) for row in rows]
 
     def sessions_with_inbox(self) -> list[str]:
@@ -469,9 +551,13 @@ class LedgerPort(ABC):
         return rows[0][0], part.text if isinstance(part, TextPart) else ""
 
     def user_message(self, message_id: str) -> UserMessage | None:
-        rows = self._rows(
-            "SELECT data FROM messages WHERE id = ? AND role = 'user'", (message_id,)
-        )
+        rows = self._rows(_USER_MESSAGE, (message_id,))
+        message = _MESSAGE.validate_json(rows[0][0]) if rows else None
+        return message if isinstance(message, UserMessage) else None
+
+    async def user_message_async(self, message_id: str) -> UserMessage | None:
+        """``user_message``, for the event loop's hot callers (``_rows_async``)."""
+        rows = await self._rows_async(_USER_MESSAGE, (message_id,))
         message = _MESSAGE.validate_json(rows[0][0]) if rows else None
         return message if isinstance(message, UserMessage) else None
 

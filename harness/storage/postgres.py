@@ -55,6 +55,18 @@ log = structlog.get_logger("harness.ledger")
 T = TypeVar("T")
 
 RECONNECT_SECONDS = 120.0  # how long a commit waits for the database to come back
+# Reads of the event loop in flight at once, each on its own connection: with one, each
+# read waited for the reads queued before it, a scheduler round each (issue 18).
+LOOP_READERS = 4
+# How long a loop's read waits for its answer before letting the loop go on (benchmarks/
+# pg_reads.py): a scheduler round on a busy loop is longer than a local answer.
+READ_SPIN_SECONDS = 0.001
+# The round trip (median of a few, at start) from which the loop's hot reads are driven
+# non-blocking: a database farther than a scheduler round on a busy loop (1-3 ms). Below
+# it, a blocking read is cheaper: at saturation, with the database on the same machine,
+# the driven reads cost 0.3 ms of CPU a step more and a fifth of the throughput
+# (benchmarks/pg_turns.py, issue 18).
+DRIVEN_READS_FROM_SECONDS = 0.002
 _POLL_SECONDS = 1.0  # the tail reads the log this often even without a NOTIFY
 TAKEOVER_BATCH = 256  # sessions one scan claims at most: the rest go to the next daemon's
 ORPHAN_SCAN_SECONDS = 0.5  # how often a daemon looks for work whose holder stopped renewing
@@ -169,6 +181,92 @@ def _result_sets(cursor: psycopg.Cursor[tuple[Any, ...]]) -> list[list[tuple[Any
 
 
 _PIECES: dict[str, tuple[bytes, ...]] = {}
+_CHANGES = (
+    "SELECT 0, seq, created_seq, data FROM messages WHERE session_id = ? AND seq > ?"
+    " UNION ALL SELECT 1, seq, seq, data FROM parts WHERE session_id = ? AND seq > ?"
+    " ORDER BY 1, 3"
+)
+
+
+def _changes(
+    rows: list[tuple[Any, ...]], after_seq: int
+) -> tuple[list[Message], list[Part], int]:
+    mark = after_seq
+    messages: list[Message] = []
+    parts: list[Part] = []
+    for kind, seq, _, data in rows:
+        if kind == 0:
+            messages.append(_MESSAGE.validate_json(data))
+        else:
+            parts.append(_PART.validate_json(data))
+        mark = max(mark, seq)
+    return messages, parts, mark
+
+
+async def _fetch_nonblocking(
+    conn: psycopg.Connection[tuple[Any, ...]], query: str, args: tuple[Any, ...], spin: float
+) -> list[tuple[Any, ...]]:
+    """Run one query on ``conn`` from the event loop, waiting with Trio, and its rows.
+
+    ``Cursor._execute_gen`` is what psycopg's sync and async cursors both run (its
+    generators yield what they wait for: the socket readable, writable, or either); it
+    is private, hence psycopg pinned below 3.4 and this tested against each backend.
+
+    An answer that comes within ``spin`` seconds is taken at once; only a slower one
+    waits for Trio to report the socket readable, which costs a scheduler round: on a
+    busy loop, longer than a database on the same machine takes to answer.
+    """
+    import select
+
+    from psycopg.waiting import Ready, Wait
+
+    fd = conn.pgconn.socket
+    cursor = conn.cursor()
+    generator = cursor._execute_gen(query, args)
+    poller: select.poll | None = None
+    try:
+        wanted = next(generator)
+        while True:
+            if wanted == Wait.R:
+                if spin > 0:
+                    if poller is None:
+                        poller = select.poll()
+                        poller.register(fd, select.POLLIN)
+                    if not poller.poll(spin * 1000):
+                        spin = 0.0  # slow: the loop goes on meanwhile, from now on
+                        await trio.lowlevel.wait_readable(fd)
+                else:
+                    await trio.lowlevel.wait_readable(fd)
+                wanted = generator.send(Ready.R)
+            elif wanted == Wait.W:
+                await trio.lowlevel.wait_writable(fd)
+                wanted = generator.send(Ready.W)
+            else:
+                wanted = generator.send(await _readable_or_writable(fd))
+    except StopIteration:
+        pass
+    return cursor.fetchall()
+
+
+async def _readable_or_writable(fd: int) -> int:
+    """Wait until ``fd`` is readable or writable: psycopg's ``Ready`` value for it.
+
+    A socket asked for both is nearly always writable at once; failing that, it is
+    looked at again every few milliseconds, so a reply that comes first is not missed.
+    """
+    import select
+
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLOUT)
+    while True:
+        events = poller.poll(0)
+        if events:
+            mask = events[0][1]
+            return (1 if mask & (select.POLLIN | select.POLLHUP | select.POLLERR) else 0) | (
+                2 if mask & select.POLLOUT else 0
+            )
+        with trio.move_on_after(0.005):
+            await trio.lowlevel.wait_writable(fd)
 
 
 def _pieces(sql: str) -> tuple[bytes, ...]:
@@ -286,6 +384,13 @@ class PostgresLedger(LedgerPort):
         self._tail_done = trio.Event()
         self._wake_queued = False
         self._tail_read: psycopg.Connection[tuple[Any, ...]] | None = None  # made by the tail
+        # The hot reads of the event loop (a step's, a turn's): a few connections driven
+        # non-blocking from the loop, one query at a time each, made as needed. The idle
+        # ones, and how many reads may be in flight.
+        self._loop_readers: list[psycopg.Connection[tuple[Any, ...]]] = []
+        self._loop_reader_slots = trio.Semaphore(LOOP_READERS)
+        self.read_spin = READ_SPIN_SECONDS
+        self.driven_reads = self._round_trip() >= DRIVEN_READS_FROM_SECONDS
 
     # --- connections ---------------------------------------------------------------------
 
@@ -358,6 +463,8 @@ class PostgresLedger(LedgerPort):
             conn = getattr(self, name, None)
             if conn is not None:
                 conn.close()
+        for conn in self._loop_readers:
+            conn.close()
 
     def _retrying(self, name: str, work: Callable[[psycopg.Connection[tuple[Any, ...]]], T]) -> T:
         """Run ``work`` on connection ``name``, re-made once if the server dropped it."""
@@ -384,6 +491,73 @@ class PostgresLedger(LedgerPort):
             raise LedgerError(
                 f"the ledger database {self.where} cannot be read: {_first_line(error)}"
             ) from None
+
+    def _round_trip(self) -> float:
+        """The read connection's round trip to the server now: the median of five."""
+        import psycopg
+
+        times = []
+        try:
+            for _ in range(5):
+                start = time.perf_counter()
+                self._read.execute("SELECT 1", prepare=False).fetchall()
+                times.append(time.perf_counter() - start)
+        except psycopg.Error:
+            return 0.0  # reads will say what is wrong
+        return sorted(times)[2]
+
+    async def _rows_async(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """One read on a loop reader connection; the loop is not held for a slow answer.
+
+        Only for a database whose round trip is ``DRIVEN_READS_FROM_SECONDS`` or more
+        (``driven_reads``, measured when the ledger opens); a closer one is read
+        blocking, on the read connection, which costs less.
+
+        psycopg's own execution generator is driven here with Trio's waits on the
+        connection's socket, as its ``AsyncCursor`` drives it with asyncio's (which fails
+        under Trio). A blocking read held the loop for as long as the server took; a read
+        in a worker thread cost ~1 ms more CPU per step (measured, issue 18). An answer
+        within ``read_spin`` is taken at once, as a blocking read would: on a busy loop a
+        scheduler round (what waiting with Trio costs) is 1-3 ms, a local answer 0.1 ms
+        (benchmarks/pg_reads.py). A dropped connection is made again once; a read cut
+        off (cancelled) closes its connection, since its query may still be in flight.
+        """
+        import psycopg
+
+        if not self.driven_reads:
+            return self._rows(sql, args)  # the database is close: blocking is cheaper
+        slots = self._loop_reader_slots
+        try:
+            slots.acquire_nowait()  # not ``async with``: its checkpoint costs a round
+        except trio.WouldBlock:
+            # Every loop reader is busy: read as before, blocking. Waiting for a slot
+            # queued a busy loop's reads behind each other, a scheduler round each, and
+            # throttled the steps of a saturated daemon (its prompts took 2.5 x longer).
+            return self._rows(sql, args)
+        try:
+            conn = self._loop_readers.pop() if self._loop_readers else None
+            try:
+                for attempt in (1, 2):
+                    try:
+                        if conn is None or conn.closed or conn.broken:
+                            conn = await trio.to_thread.run_sync(self._connect_raw)
+                        return await _fetch_nonblocking(conn, _pg(sql), args, self.read_spin)
+                    except psycopg.OperationalError as error:
+                        if attempt == 2 or (conn is not None and not (conn.closed or conn.broken)):
+                            raise LedgerError(
+                                f"the ledger database {self.where} cannot be read: "
+                                f"{_first_line(error)}"
+                            ) from None
+                    except BaseException:
+                        if conn is not None and conn.pgconn.transaction_status != 0:  # not IDLE
+                            conn.close()  # cancelled mid-query: never reuse it half-read
+                        raise
+                raise AssertionError("unreachable")
+            finally:
+                if conn is not None and not (conn.closed or conn.broken):
+                    self._loop_readers.append(conn)
+        finally:
+            slots.release()
 
     # --- writing ---------------------------------------------------------------------------
 
@@ -647,6 +821,8 @@ class PostgresLedger(LedgerPort):
         *,
         foreign: bool,
     ) -> None:
+        if foreign:
+            self._saw_inbox(events)  # before the wake below: the woken actor reads the inbox
         if feed is not None:
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                 if foreign:
@@ -737,21 +913,15 @@ class PostgresLedger(LedgerPort):
 
     def changes(self, session_id: str, after_seq: int) -> tuple[list[Message], list[Part], int]:
         """As ``LedgerPort.changes``, in one round trip instead of two (once a step)."""
-        mark = after_seq
-        messages: list[Message] = []
-        parts: list[Part] = []
-        for kind, seq, _, data in self._rows(
-            "SELECT 0, seq, created_seq, data FROM messages WHERE session_id = ? AND seq > ?"
-            " UNION ALL SELECT 1, seq, seq, data FROM parts WHERE session_id = ? AND seq > ?"
-            " ORDER BY 1, 3",
-            (session_id, after_seq, session_id, after_seq),
-        ):
-            if kind == 0:
-                messages.append(_MESSAGE.validate_json(data))
-            else:
-                parts.append(_PART.validate_json(data))
-            mark = max(mark, seq)
-        return messages, parts, mark
+        args = (session_id, after_seq, session_id, after_seq)
+        return _changes(self._rows(_CHANGES, args), after_seq)
+
+    async def changes_async(
+        self, session_id: str, after_seq: int
+    ) -> tuple[list[Message], list[Part], int]:
+        """``changes``, the loop free while the server works (``_rows_async``)."""
+        args = (session_id, after_seq, session_id, after_seq)
+        return _changes(await self._rows_async(_CHANGES, args), after_seq)
 
     def open_asks(self, session_id: str | None = None) -> list[dict[str, Any]]:
         """Asks of turns in flight, neither replied to nor decided (on whichever daemon)."""
