@@ -424,7 +424,8 @@ def test_a_question_asked_on_the_holder_is_listed_and_answered_through_another_d
     assert holder.client.questions(sid) == [] and other.client.questions(sid) == []
     # A rejection through the other daemon: the turn stops, as on one daemon.
     daemons[0].client.prompt(sid, "ask again")
-    wait_for("the second question", lambda: bool(daemons[0].client.questions(sid)))
+    # The holder lists a question once asked, the other daemon once it is committed.
+    wait_for("the second question on both daemons", listed_everywhere)
     holder, other = others_of(cluster, sid, daemons)
     second = other.client.questions(sid)[0]["id"]
     other.client.reject_question(second)
