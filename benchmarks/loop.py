@@ -105,6 +105,8 @@ PATHS = ("scripted", "wire")
 
 FILE_COUNT = 3
 TIMEOUT = 120.0  # seconds; a run that hangs is a failure, not a wait
+# ``--server-delay``, handed to the wire server's process (it inherits the environment).
+SERVER_DELAY_VARIABLE = "HARNESS_BENCH_SERVER_DELAY"
 FILE_LINES = 20
 
 
@@ -223,6 +225,8 @@ class _WireHandler(socketserver.BaseRequestHandler):
             # /<token>/s<steps>/v1/chat/completions
             server.first.setdefault(parts[1], time.time())
             events = wire_reply(body, int(parts[2][1:]))
+            if server.delay:
+                time.sleep(server.delay)  # a model that takes time, as every real one does
             sock.sendall(
                 b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                 b"transfer-encoding: chunked\r\n\r\n" + b"".join(events)
@@ -233,11 +237,13 @@ class _WireServer(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
     first: dict[str, float]
+    delay: float
 
 
 def serve() -> None:
     with _WireServer(("127.0.0.1", 0), _WireHandler) as server:
         server.first = {}
+        server.delay = float(os.environ.get(SERVER_DELAY_VARIABLE) or 0)
         print(f"port {server.server_address[1]}", flush=True)
         server.serve_forever()
 
@@ -1009,6 +1015,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="on",
         help="the embedded runs' cyclic collector: as is, start-up frozen, or off",
     )
+    parser.add_argument(
+        "--server-delay",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="the wire server waits this long before each reply (default: none)",
+    )
     parser.add_argument("--child", nargs=2, metavar=("STEPS", "DIR"), help=argparse.SUPPRESS)
     parser.add_argument(
         "--path", choices=PATHS, action="append", help="measure only this path (repeatable)"
@@ -1017,6 +1030,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--child-wire", help=argparse.SUPPRESS)
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.server_delay:
+        os.environ[SERVER_DELAY_VARIABLE] = str(args.server_delay)
 
     if args.serve:
         serve()
