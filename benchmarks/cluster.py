@@ -55,32 +55,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import psycopg  # noqa: E402
+from proc_cpu import cpu_seconds, postgres_cpu  # noqa: E402
 
 from harness.client import Client  # noqa: E402
-
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICKS
-
-
-def postgres_cpu() -> float:
-    total = 0.0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            name = Path(f"/proc/{entry}/comm").read_text().strip()
-        except OSError:
-            continue
-        if name.startswith("postgres"):
-            total += cpu_seconds(int(entry))
-    return total
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -36,22 +36,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def postgres_cpu() -> float:
-    total = 0.0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            if not Path(f"/proc/{entry}/comm").read_text().startswith("postgres"):
-                continue
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / TICKS
-    return total
+from proc_cpu import postgres_cpu
 
 
 def cpu_self() -> float:
