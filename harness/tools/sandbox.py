@@ -123,19 +123,20 @@ def start_probe(bwrap: str = "bwrap") -> None:
     if path in _started or path in _answers:
         return  # already started, or already answered in this process
     try:
-        _started[path] = subprocess.Popen(
-            _probe_command(path),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env=tool_environment(),
-        )
+        _started[path] = _spawn_probe(path)
     except OSError:
         return
 
 
-def _probe_command(path: str) -> list[str]:
-    return [path, *_BASE, "--unshare-net", "true"]
+def _spawn_probe(path: str) -> subprocess.Popen[bytes]:
+    """bwrap building a sandbox around ``true``: its exit and stderr are the answer."""
+    return subprocess.Popen(
+        [path, *_BASE, "--unshare-net", "true"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=tool_environment(),
+    )
 
 
 def _probe(path: str) -> str | None:
@@ -149,13 +150,7 @@ def _run_probe(path: str) -> str | None:
     started = _started.pop(path, None)
     try:
         if started is None:
-            started = subprocess.Popen(
-                _probe_command(path),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                env=tool_environment(),
-            )
+            started = _spawn_probe(path)
         with started:
             try:
                 _, stderr = started.communicate(timeout=PROBE_SECONDS)
