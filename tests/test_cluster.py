@@ -434,16 +434,17 @@ def test_a_question_asked_on_the_holder_is_listed_and_answered_through_another_d
     assert api_error(lambda: other.client.reject_question(second))[:2] == (404, "not_found")
 
 
-def test_cancel_through_another_daemon_stops_the_turn_on_its_holder(
-    cluster: Cluster, tmp_path: Path, project: Path
-) -> None:
+def sleeping_turn(
+    cluster: Cluster, tmp_path: Path, project: Path, command: str, after: str
+) -> tuple[list[Daemon], str, str]:
+    """Two daemons, and a turn prompted through the first that runs ``command`` in bash;
+    returned once the bash is running (``after`` is the model's next reply)."""
     daemons = cluster.start(2)
-    command = "sleep 61.8181"
     model = script(
         tmp_path / "s.json",
         [
             {"tool_calls": [{"name": "bash", "arguments": {"command": command}}]},
-            {"text": "never"},
+            {"text": after},
         ],
     )
     sid = daemons[0].client.create_session(directory=str(project), model=model, permission=ALLOW)
@@ -451,6 +452,13 @@ def test_cancel_through_another_daemon_stops_the_turn_on_its_holder(
     daemons[0].client.prompt(sid, "sleep")
     running = "SELECT 1 FROM parts WHERE session_id = %s AND status = 'running'"
     wait_for("the bash to run", lambda: cluster.query(running, sid) != [] and alive_with(command))
+    return daemons, sid, command
+
+
+def test_cancel_through_another_daemon_stops_the_turn_on_its_holder(
+    cluster: Cluster, tmp_path: Path, project: Path
+) -> None:
+    daemons, sid, command = sleeping_turn(cluster, tmp_path, project, "sleep 61.8181", "never")
     holder, other = others_of(cluster, sid, daemons)
     started = time.monotonic()
     assert other.client.cancel(sid) is True
@@ -702,20 +710,9 @@ def test_connections_cut_mid_turn_are_remade_and_the_turn_finishes_with_nothing_
 def test_a_cancel_sent_while_the_holder_is_dead_holds_when_another_daemon_takes_over(
     cluster: Cluster, tmp_path: Path, project: Path
 ) -> None:
-    daemons = cluster.start(2)
-    command = "sleep 63.3131"
-    model = script(
-        tmp_path / "s.json",
-        [
-            {"tool_calls": [{"name": "bash", "arguments": {"command": command}}]},
-            {"text": "should not run: the turn was cancelled"},
-        ],
+    daemons, sid, command = sleeping_turn(
+        cluster, tmp_path, project, "sleep 63.3131", "should not run: the turn was cancelled"
     )
-    sid = daemons[0].client.create_session(directory=str(project), model=model, permission=ALLOW)
-    sid = sid["id"]
-    daemons[0].client.prompt(sid, "sleep")
-    running = "SELECT 1 FROM parts WHERE session_id = %s AND status = 'running'"
-    wait_for("the bash to run", lambda: cluster.query(running, sid) != [] and alive_with(command))
     holder, other = others_of(cluster, sid, daemons)
     holder.kill()
     # The dead holder's lease has not lapsed: nobody can act on the cancel yet.
