@@ -110,6 +110,10 @@ def test_root_given_by_the_turn_judges_as_a_fresh_resolution_does(
     for raw in [
         ".", "", "sub", "sub/../sub/x.py", "./sub/", "../work-sibling/f", "..", "link",
         "link/f.txt", str(work), str(work) + "/", "/", "/etc/passwd", "~", "sub//x",
+        # hostile: a prefix-sharing sibling named absolutely, out and back in, ".." after a
+        # link (resolved from the link's target, so outside), padding the tool strips
+        str(work) + "-sibling/f", "sub/../../work-sibling", "../work/sub", "link/../work",
+        "  ../work-sibling/f  ", "sub/./../../work",
     ]:
         path = resolve_path(raw, cached)
         assert path == resolve_path(raw, fresh), raw
