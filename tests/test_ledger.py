@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import apsw
 import pytest
@@ -312,3 +313,44 @@ async def test_one_running_harness_per_ledger(tmp_path: Path) -> None:
     # Released when the first one ends (and by the kernel if its process dies).
     async with open_harness(Config(home=tmp_path / "home", model="scripted:x")):
         pass
+
+
+async def test_a_batch_writing_rows_again_projects_as_if_one_by_one(
+    make_ledger: MakeLedger,
+) -> None:
+    """Several steps in one commit upsert the same rows again (a message created then
+    updated, a part then its end), interleaved across sessions, a session deleted and
+    made again between them: the rows end as if each event had been applied in turn
+    (PostgreSQL merges an id's upserts of one commit into one row, issue 18)."""
+    a, b = _session("ses_a"), _session("ses_b")
+    user = UserMessage(id="msg_1", session_id=a.id, agent="build", model="m", created=1)
+    later = UserMessage(id="msg_2", session_id=a.id, agent="build", model="m", created=2)
+    text = TextPart(id="prt_1", session_id=a.id, message_id="msg_1", text="he")
+    other = TextPart(id="prt_b", session_id=b.id, message_id="msg_b", text="gone")
+    renamed = b.model_copy(update={"title": "again"})
+
+    def event(kind: str, session_id: str, model: Any) -> NewEvent:
+        return NewEvent(kind, session_id, model.model_dump(mode="json"))
+
+    async with running(make_ledger(post_delay=0.05)) as ledger:
+        for request in (
+            [_created(a), _created(b)],
+            [event("message.created", a.id, later), event("part.created", b.id, other)],
+            [event("message.created", a.id, user), event("part.created", a.id, text)],
+            [event("part.updated", a.id, text.model_copy(update={"text": "hello"}))],
+            [NewEvent("session.deleted", b.id, {"id": b.id})],
+            [event("message.updated", a.id, user.model_copy(update={"model": "m2"}))],
+            [_created(b), event("session.updated", b.id, renamed)],
+            [event("session.updated", a.id, a.model_copy(update={"title": "t"}))],
+        ):
+            ledger.post(request)
+        await ledger.flush()
+        transcript = ledger.messages(a.id)
+        # Ordered by the seq each message was created at, not the seq of its last write.
+        assert [m.info.id for m in transcript] == ["msg_2", "msg_1"]
+        assert transcript[1].info == user.model_copy(update={"model": "m2"})
+        assert transcript[1].parts == [text.model_copy(update={"text": "hello"})]
+        assert ledger.session(a.id) == a.model_copy(update={"title": "t"})
+        assert ledger.session(b.id) == renamed
+        assert ledger.messages(b.id) == []  # its part went with the deletion
+        assert [e.seq for e in ledger.events_after(0)] == list(range(1, 13))

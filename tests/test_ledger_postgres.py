@@ -396,3 +396,58 @@ async def test_work_heard_of_after_the_supervisor_ended_is_dropped_not_raised(
     assert hooks is not None
     for hook in (hooks.orphan, hooks.wake, hooks.lost, hooks.cancel):
         hook("ses_gone")
+
+
+async def test_a_commit_sends_each_tables_upserts_as_one_statement(
+    postgres_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Steps of several sessions sharing a commit write the same rows again and again (a
+    message created then updated, its parts, the session): one multi-row upsert per table,
+    an id's writes merged, where each switch of table or repeated id was a statement of
+    its own, about six a step (issue 18)."""
+    from harness.messages.model import TextPart, UserMessage
+    from harness.storage import postgres
+
+    sent: list[bytes] = []
+    real_query = postgres._Statements.query
+
+    def query(self: postgres._Statements, conn: psycopg.Connection[tuple[object, ...]]) -> bytes:
+        text = real_query(self, conn)
+        sent.append(text)
+        return text
+
+    monkeypatch.setattr(postgres._Statements, "query", query)
+    sessions = [f"ses_{index}" for index in range(5)]
+    async with daemon(postgres_schema) as ledger:
+        await ledger.write([_created(session_id) for session_id in sessions])
+        sent.clear()
+        for step in range(4):
+            for session_id in sessions:
+                message = UserMessage(
+                    id=f"msg_{session_id}_{step}", session_id=session_id, agent="a", model="m",
+                    created=step,
+                )  # fmt: skip
+                part = TextPart(
+                    id=f"prt_{session_id}_{step}", session_id=session_id, message_id=message.id,
+                    text="",
+                )  # fmt: skip
+                ended = part.model_copy(update={"text": "x"})
+                ledger.post(
+                    [
+                        NewEvent.of("message.created", session_id, message),
+                        NewEvent.of("part.created", session_id, part),
+                        NewEvent.of("part.updated", session_id, ended),
+                        NewEvent.of("message.updated", session_id, message),
+                        _titled(session_id, f"step {step}"),
+                    ]
+                )
+        await ledger.flush()
+        writes = [text for text in sent if b"INSERT INTO events" in text]
+        assert len(writes) == 1, "the posts share one commit"
+        for table in (b"sessions", b"messages", b"parts"):
+            assert writes[0].count(b"INSERT INTO " + table + b"(") == 1, table
+        for session_id in sessions:
+            assert ledger.session(session_id).title == "step 3"  # type: ignore[union-attr]
+            transcript = ledger.messages(session_id)
+            assert [m.info.id for m in transcript] == [f"msg_{session_id}_{s}" for s in range(4)]
+            assert all(m.parts[0].text == "x" for m in transcript)  # type: ignore[union-attr]
