@@ -142,11 +142,18 @@ def run(url: str, daemons: int, args: argparse.Namespace, work: Path) -> dict[st
         killed_at: float | None = None
         victim_cpu = 0.0
         victim_sessions: set[str] = set()
+        done, seen = 0, 0
         with psycopg.connect(dsn, autocommit=True) as conn:
             while True:
-                done = conn.execute(
-                    "SELECT count(*) FROM events WHERE type = 'turn.finished'"
-                ).fetchone()[0]  # type: ignore[index]
+                # Only the events since the last look (seqs are committed in order): a
+                # count over the whole log, five times a second, was 0.13-0.16 ms of
+                # PostgreSQL's CPU a step at saturation, charged to the daemons' steps.
+                finished, last = conn.execute(
+                    "SELECT count(*) FILTER (WHERE type = 'turn.finished'), max(seq)"
+                    " FROM events WHERE seq > %s",
+                    (seen,),
+                ).fetchone()  # type: ignore[misc]
+                done, seen = done + finished, last or seen
                 if done >= args.sessions:
                     break
                 if args.failover and daemons >= 2 and killed_at is None and done >= 1:
