@@ -819,3 +819,47 @@ def test_a_prompt_steered_and_one_queued_through_another_daemon_reach_the_runnin
         m["info"]["role"] == "assistant" and m["info"].get("parent_id") == first
         for m in messages[steered_at + 1 :]
     ), "the first turn took a step after the steered prompt"
+
+
+def test_a_subscriber_joining_a_daemon_that_read_filtered_hears_the_story_whole(
+    cluster: Cluster, tmp_path: Path, project: Path
+) -> None:
+    """A daemon with no subscriber reads only the other daemons' events it acts on
+    (input, replies, cancels; issue 18). A subscriber that joins it later with
+    Last-Event-ID gets the rest of the story from the ledger, then live, with no gap
+    and no duplicate, while the other daemon runs the turns."""
+    daemons = cluster.start(2)
+    model = script(
+        tmp_path / "s.json",
+        [
+            {"tool_calls": [{"name": "read", "arguments": {"path": "a.txt"}}], "delay": 0.3},
+            {"text": "first"},
+            {"text": "second", "delay": 0.3},
+        ],
+    )
+    (project / "a.txt").write_text("a\n")
+    sid = daemons[0].client.create_session(directory=str(project), model=model)["id"]
+    daemons[0].client.prompt(sid, "one")
+    wait_for("the first turn to start", lambda: cluster.holder_pid(sid) is not None)
+    holder, other = others_of(cluster, sid, daemons)
+    wait_for("the first turn to end", lambda: len(cluster.finished(sid)) == 1)
+    stored = [row[0] for row in cluster.query(
+        "SELECT seq FROM events WHERE session_id = %s ORDER BY seq", sid
+    )]  # fmt: skip
+    middle = stored[len(stored) // 2]
+    stream = other.client.events(sid, after=middle)
+    stream.open()
+    second = holder.client.prompt(sid, "two")
+    heard = []
+    for event in stream:
+        if event.seq is not None:
+            heard.append(event.seq)
+        if event.type == "turn.finished" and event.data.get("message_id") == second:
+            break
+    stream.close()
+    stored = [row[0] for row in cluster.query(
+        "SELECT seq FROM events WHERE session_id = %s AND seq > %s AND seq <= %s ORDER BY seq",
+        sid, middle, heard[-1],
+    )]  # fmt: skip
+    assert heard == stored
+    assert [f["answer"] for f in cluster.finished(sid)] == ["first", "second"]

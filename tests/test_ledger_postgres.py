@@ -4,6 +4,7 @@ schema play two daemons. Skipped (saying why) without a test database; run under
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -221,10 +222,10 @@ async def test_a_tail_behind_reads_the_log_once_for_many_commits_of_another_daem
         reads: list[int] = []
         real_read = a._read_log
 
-        def slow_read(after: int) -> list[Event]:
+        def slow_read(after: int, filtered: bool = False) -> tuple[list[Event], int]:
             reads.append(after)
             time.sleep(0.2)  # a tail behind: busy, or the database slow
-            return real_read(after)
+            return real_read(after, filtered)
 
         monkeypatch.setattr(a, "_read_log", slow_read)
         await b.write([_created("ses_b")])
@@ -451,3 +452,89 @@ async def test_a_commit_sends_each_tables_upserts_as_one_statement(
             transcript = ledger.messages(session_id)
             assert [m.info.id for m in transcript] == [f"msg_{session_id}_{s}" for s in range(4)]
             assert all(m.parts[0].text == "x" for m in transcript)  # type: ignore[union-attr]
+
+
+def _inbox_added(session_id: str, text: str) -> NewEvent:
+    item = {"id": f"msg_{text}", "session_id": session_id, "text": text, "delivery": "queue",
+            "created": time.time()}  # fmt: skip
+    return NewEvent("inbox.added", session_id, item)
+
+
+async def _heard(
+    receive: trio.MemoryReceiveChannel[FeedMessage], until_seq: int
+) -> list[Event]:
+    """The durable events published to a feed, until one of ``until_seq`` or later."""
+    heard: list[Event] = []
+    with trio.fail_after(10):
+        while not heard or (heard[-1].seq or 0) < until_seq:
+            message = await receive.receive()
+            if isinstance(message, Publish):
+                heard.extend(e for e in message.events if e.seq is not None)
+    return heard
+
+
+async def test_with_no_subscriber_the_tail_reads_only_what_its_daemon_acts_on(
+    postgres_schema: str,
+) -> None:
+    """A daemon's tail read, decoded and published every event the others commit, for
+    subscribers it did not have (issue 18). With none following (``following``), it
+    reads only what the daemon acts on (input, replies, cancels, deletions, children),
+    and every event again once one follows."""
+    send, receive = trio.open_memory_channel[FeedMessage](1000)
+    woken: list[str] = []
+    async with daemon(postgres_schema, send) as b, daemon(postgres_schema) as a:
+        b.hooks = ClusterHooks(wake=woken.append, lost=lambda _: None, counts_subscribers=True)
+        await a.write([_created("ses_a")])
+        for index in range(5):
+            await a.write([_titled("ses_a", f"t{index}")])
+        await a.write([_titled("ses_a", "before")])
+        await a.write([_inbox_added("ses_a", "hello")])
+        with trio.fail_after(10):
+            while not woken:  # the tail has read up to the input (seq 8)
+                await trio.sleep(0.01)
+        heard = await _heard(receive, 8)
+        assert [e.type for e in heard] == ["session.created", "inbox.added"]
+        assert woken == ["ses_a"] and b.inbox_mark("ses_a") > 0
+        with b.following():
+            snapshot = b.last_seq()
+            assert snapshot == 8
+            for index in range(3):
+                await a.write([_titled("ses_a", f"followed {index}")])
+            heard = await _heard(receive, snapshot + 3)
+            assert [e.seq for e in heard] == [9, 10, 11]
+        await trio.sleep(0.5)  # a read decided while it followed, if any, is over
+        await a.write([_titled("ses_a", "unfollowed")])
+        await a.write([_inbox_added("ses_a", "again")])
+        heard = await _heard(receive, 13)
+        assert [e.seq for e in heard] == [13]  # the title (12) is left out again
+
+
+async def test_a_subscriber_opened_while_a_filtered_read_runs_misses_nothing(
+    postgres_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tail decided to leave events out, then a subscriber opened and took its
+    replay's snapshot, then more was committed, then the read ran: what it left out lies
+    after the snapshot. It must be read again in full, or the subscriber never hears
+    it (a gap in ``GET /v1/events``)."""
+    send, receive = trio.open_memory_channel[FeedMessage](1000)
+    async with daemon(postgres_schema, send) as b, daemon(postgres_schema) as a:
+        b.hooks = ClusterHooks(wake=lambda _: None, lost=lambda _: None, counts_subscribers=True)
+        entered, gate = threading.Event(), threading.Event()
+        real_read = b._read_log
+
+        def gated_read(after: int, filtered: bool = False) -> tuple[list[Event], int]:
+            if filtered and not gate.is_set():
+                entered.set()
+                gate.wait(10)
+            return real_read(after, filtered)
+
+        monkeypatch.setattr(b, "_read_log", gated_read)
+        await a.write([_created("ses_a")])  # b's tail wakes, and its filtered read waits
+        await trio.to_thread.run_sync(entered.wait, 10)
+        with b.following():
+            snapshot = b.last_seq()
+            for index in range(3):
+                await a.write([_titled("ses_a", f"t{index}")])
+            gate.set()  # the read runs now, after the snapshot and the three commits
+            heard = await _heard(receive, snapshot + 3)
+        assert [e.seq for e in heard if (e.seq or 0) > snapshot] == [2, 3, 4]
