@@ -65,10 +65,12 @@ def child(url: str, sessions: int, steps: int, latency: float) -> None:
     script.append({"text": "done", "delay": latency})
     (base / "model.json").write_text(json.dumps(script))
     schema = f"bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    joiner = "&" if "?" in url else "?"
-    dsn = f"{url}{joiner}options=-csearch_path%3D{schema}"
+    dsn: str | None = None  # --url sqlite: the SQLite ledger, the same run beside it
+    if url != "sqlite":
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"CREATE SCHEMA {schema}")
+        joiner = "&" if "?" in url else "?"
+        dsn = f"{url}{joiner}options=-csearch_path%3D{schema}"
     config = Config(
         home=base / "home",
         model=f"scripted:{base / 'model.json'}",
@@ -138,13 +140,18 @@ def child(url: str, sessions: int, steps: int, latency: float) -> None:
     try:
         trio.run(run)
     finally:
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+        if dsn is not None:
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--url", default=os.environ.get("HARNESS_TEST_POSTGRES"))
+    parser.add_argument(
+        "--url",
+        default=os.environ.get("HARNESS_TEST_POSTGRES"),
+        help="the database; 'sqlite' for the SQLite ledger, to compare",
+    )
     parser.add_argument("--sessions", type=int, default=200)
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--latency", type=float, default=0.2)
