@@ -423,14 +423,12 @@ class Harness:
         """Events from now on, of one session (and its children) or of all sessions."""
         live = self.ledger.live
         # On a shared ledger the daemon running the session sends its deltas here too:
-        # subscribed first, so none is lost between the two. ``following``: the tail
-        # reads other daemons' events in full from now on (before any replay's snapshot).
-        with self.ledger.following():
-            async with (
-                subscription(self._feed, session_id, buffer) as events,
-                live.watching(session_id) if live else contextlib.nullcontext(),
-            ):
-                yield events
+        # subscribed first, so none is lost between the two.
+        async with (
+            subscription(self._feed, session_id, buffer) as events,
+            live.watching(session_id) if live else contextlib.nullcontext(),
+        ):
+            yield events
 
     @asynccontextmanager
     async def follow(
@@ -840,7 +838,7 @@ async def _open_harness(config: Config, *, session_mcp: bool = False) -> AsyncIt
             cancel=lambda session_id: tell(
                 CancelSession(session_id, trio.open_memory_channel[bool](1)[0])
             ),
-            counts_subscribers=True,  # Harness.subscribe holds ledger.following()
+            subscribers=lambda: feed.subscribers,
         )
         feed.relay = ledger.live
 

@@ -477,13 +477,16 @@ async def test_with_no_subscriber_the_tail_reads_only_what_its_daemon_acts_on(
     postgres_schema: str,
 ) -> None:
     """A daemon's tail read, decoded and published every event the others commit, for
-    subscribers it did not have (issue 18). With none following (``following``), it
-    reads only what the daemon acts on (input, replies, cancels, deletions, children),
-    and every event again once one follows."""
+    subscribers it did not have (issue 18). With none on its feed, it reads only what
+    the daemon acts on (input, replies, cancels, deletions, children), and every event
+    again once one subscribes."""
     send, receive = trio.open_memory_channel[FeedMessage](1000)
     woken: list[str] = []
+    subscribers = [0]
     async with daemon(postgres_schema, send) as b, daemon(postgres_schema) as a:
-        b.hooks = ClusterHooks(wake=woken.append, lost=lambda _: None, counts_subscribers=True)
+        b.hooks = ClusterHooks(
+            wake=woken.append, lost=lambda _: None, subscribers=lambda: subscribers[0]
+        )
         await a.write([_created("ses_a")])
         for index in range(5):
             await a.write([_titled("ses_a", f"t{index}")])
@@ -495,14 +498,15 @@ async def test_with_no_subscriber_the_tail_reads_only_what_its_daemon_acts_on(
         heard = await _heard(receive, 8)
         assert [e.type for e in heard] == ["session.created", "inbox.added"]
         assert woken == ["ses_a"] and b.inbox_mark("ses_a") > 0
-        with b.following():
-            snapshot = b.last_seq()
-            assert snapshot == 8
-            for index in range(3):
-                await a.write([_titled("ses_a", f"followed {index}")])
-            heard = await _heard(receive, snapshot + 3)
-            assert [e.seq for e in heard] == [9, 10, 11]
-        await trio.sleep(0.5)  # a read decided while it followed, if any, is over
+        subscribers[0] = 1
+        snapshot = b.last_seq()
+        assert snapshot == 8
+        for index in range(3):
+            await a.write([_titled("ses_a", f"followed {index}")])
+        heard = await _heard(receive, snapshot + 3)
+        assert [e.seq for e in heard] == [9, 10, 11]
+        subscribers[0] = 0
+        await trio.sleep(0.5)  # a read decided while it had a subscriber, if any, is over
         await a.write([_titled("ses_a", "unfollowed")])
         await a.write([_inbox_added("ses_a", "again")])
         heard = await _heard(receive, 13)
@@ -517,8 +521,11 @@ async def test_a_subscriber_opened_while_a_filtered_read_runs_misses_nothing(
     after the snapshot. It must be read again in full, or the subscriber never hears
     it (a gap in ``GET /v1/events``)."""
     send, receive = trio.open_memory_channel[FeedMessage](1000)
+    subscribers = [0]
     async with daemon(postgres_schema, send) as b, daemon(postgres_schema) as a:
-        b.hooks = ClusterHooks(wake=lambda _: None, lost=lambda _: None, counts_subscribers=True)
+        b.hooks = ClusterHooks(
+            wake=lambda _: None, lost=lambda _: None, subscribers=lambda: subscribers[0]
+        )
         entered, gate = threading.Event(), threading.Event()
         real_read = b._read_log
 
@@ -531,10 +538,51 @@ async def test_a_subscriber_opened_while_a_filtered_read_runs_misses_nothing(
         monkeypatch.setattr(b, "_read_log", gated_read)
         await a.write([_created("ses_a")])  # b's tail wakes, and its filtered read waits
         await trio.to_thread.run_sync(entered.wait, 10)
-        with b.following():
-            snapshot = b.last_seq()
-            for index in range(3):
-                await a.write([_titled("ses_a", f"t{index}")])
-            gate.set()  # the read runs now, after the snapshot and the three commits
-            heard = await _heard(receive, snapshot + 3)
+        subscribers[0] = 1  # registered on the feed, then its replay's snapshot
+        snapshot = b.last_seq()
+        for index in range(3):
+            await a.write([_titled("ses_a", f"t{index}")])
+        gate.set()  # the read runs now, after the snapshot and the three commits
+        heard = await _heard(receive, snapshot + 3)
         assert [e.seq for e in heard if (e.seq or 0) > snapshot] == [2, 3, 4]
+
+
+async def test_a_subscriber_made_on_the_feed_itself_counts_and_hears_its_own_daemons_events(
+    postgres_schema: str,
+) -> None:
+    """Every subscriber counts, not only the API's: a parent's ``task`` call hears its
+    child's turn end through a subscription of its own. This daemon's own events, read
+    back from the log when another daemon's commits lie between (a burst of both),
+    must reach it: a tail that left them out, counting no subscriber, lost them."""
+    from harness.actors.event_feed import EventFeed, subscription
+
+    feed = EventFeed()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(feed.run)
+        async with daemon(postgres_schema, feed.mailbox) as b, daemon(postgres_schema) as a:
+            b.hooks = ClusterHooks(
+                wake=lambda _: None, lost=lambda _: None, subscribers=lambda: feed.subscribers
+            )
+            await a.write([_created("ses_a")])
+            await b.write([_created("ses_b")])
+            async with subscription(feed.mailbox, "ses_b") as heard:
+                assert feed.subscribers == 1
+
+                async def burst(ledger: PostgresLedger, session_id: str) -> None:
+                    for index in range(40):
+                        await ledger.write([_titled(session_id, f"t{index}")])
+
+                async with trio.open_nursery() as writers:
+                    writers.start_soon(burst, a, "ses_a")
+                    writers.start_soon(burst, b, "ses_b")
+                titles = []
+                with trio.fail_after(10):
+                    while len(titles) < 40:
+                        event = await heard.receive()
+                        if event.type == "session.updated":
+                            titles.append(event.data["title"])
+                assert titles == [f"t{index}" for index in range(40)]
+            with trio.fail_after(5):
+                while feed.subscribers:  # the feed handles the unsubscribe in its turn
+                    await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()

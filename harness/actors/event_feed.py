@@ -70,6 +70,12 @@ class EventFeed:
         self._relayed_parts: set[str] = set()
         self._ended_parts: dict[str, None] = {}  # in the order they ended
 
+    @property
+    def subscribers(self) -> int:
+        """How many subscribers hear this feed now: each from when its ``Subscribe`` is
+        handled (before ``subscription`` returns) until it unsubscribed or was cut off."""
+        return len(self._subscribers)
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         try:

@@ -122,10 +122,11 @@ class ClusterHooks:
     answered: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
     # A session this daemon runs was cancelled or deleted through another daemon.
     cancel: Callable[[str], None] = lambda session_id: None
-    # The harness holds ``LedgerPort.following()`` for each subscriber of its feed: while
-    # none is open, the tail may leave out the other daemons' events that only a
-    # subscriber would hear (issue 18). Otherwise the feed carries every event.
-    counts_subscribers: bool = False
+    # How many subscribers this daemon's feed has (each counted from its registration,
+    # before the subscriber replays or writes anything, to its end): while none, the
+    # tail may leave out what only a subscriber would hear (issue 18). Without it, the
+    # feed carries every event.
+    subscribers: Callable[[], int] | None = None
 
 
 class LedgerPort(ABC):
@@ -211,12 +212,6 @@ class LedgerPort(ABC):
     async def release(self, session_id: str) -> None:
         """Give the lease back (a turn ended, nothing queued): any daemon may claim it."""
         return None
-
-    def following(self) -> contextlib.AbstractContextManager[None]:
-        """Open while a subscriber of this process's feed may hear other daemons' events:
-        entered before its replay's snapshot, left after it unsubscribed. A process's
-        own ledger has nothing to leave out: nothing."""
-        return contextlib.nullcontext()
 
     def holds(self, session_id: str) -> bool:
         """Whether this process holds the session's lease (always, for one process)."""

@@ -33,7 +33,7 @@ import socket
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
@@ -75,8 +75,8 @@ _PG_SQL: dict[str, str] = {}
 _END = "end"  # what tells the tail that the writer has ended
 _TAIL_CHUNK = 1000  # seqs the tail reads at most at once
 # What another daemon commits that this one acts on, subscriber or not (``_saw_inbox``,
-# ``_hand_over``, ``_register_children``): all the tail reads while no subscriber here
-# may hear the rest (``following``).
+# ``_hand_over``, ``_register_children``): all the tail reads while this daemon's feed
+# has no subscriber to hear the rest (``_filtering``).
 _HANDED_OVER = [
     "inbox.added",
     "permission.replied",
@@ -456,7 +456,6 @@ class PostgresLedger(LedgerPort):
         self._tail_done = trio.Event()
         self._wake_queued = False
         self._tail_read: psycopg.Connection[tuple[Any, ...]] | None = None  # made by the tail
-        self._followers = 0  # subscribers here that may hear other daemons' events
         # The hot reads of the event loop (a step's, a turn's): a few connections driven
         # non-blocking from the loop, one query at a time each, made as needed. The idle
         # ones, and how many reads may be in flight.
@@ -862,26 +861,18 @@ class PostgresLedger(LedgerPort):
                 await self._publish(feed, events, foreign=True)
 
     def _filtering(self) -> bool:
-        """Whether the tail may leave out what only a subscriber would hear: no
-        subscriber here follows (``following``), and the harness counts them."""
-        hooks = self.hooks
-        return self._followers == 0 and hooks is not None and hooks.counts_subscribers
-
-    @contextlib.contextmanager
-    def following(self) -> Iterator[None]:
-        """While open, the tail reads every event of the other daemons for the feed.
+        """Whether the tail may leave out what only a subscriber would hear: this
+        daemon's feed has none now (``ClusterHooks.subscribers``).
 
         Without a subscriber to hear them, a daemon read, decoded and published every
-        event the others commit: O(daemons) work per step (issue 18). Nothing is missed
-        by a subscriber: a read that left events out is used only if no subscriber was
-        open when it returned, so all it left out was committed before this opened, and
-        before the snapshot of any replay that follows (``Harness.follow``).
+        event the others commit: O(daemons) work per step (issue 18). No subscriber
+        misses anything: a read that left events out is used only if the feed had no
+        subscriber when it returned, so all it left out (this daemon's own events read
+        back from the log included) was committed before any subscriber there now
+        registered, hence before its replay's snapshot, its prompt, or its child's input.
         """
-        self._followers += 1
-        try:
-            yield
-        finally:
-            self._followers -= 1
+        hooks = self.hooks
+        return hooks is not None and hooks.subscribers is not None and hooks.subscribers() == 0
 
     def _read_log(self, after: int, filtered: bool = False) -> tuple[list[Event], int]:
         """The events after seq ``after``, decoded, on the tail's own connection, and the
