@@ -16,10 +16,11 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import trio
+from httpx._utils import get_environment_proxies
 
 from harness.providers.errors import (
     AuthError,
@@ -29,6 +30,9 @@ from harness.providers.errors import (
     RetryableError,
 )
 from harness.providers.http11 import H11Transport, shared_ssl_context
+
+if TYPE_CHECKING:
+    import ssl  # the client's context, made only for an https URL
 
 DONE = "[DONE]"
 
@@ -266,14 +270,45 @@ def new_client(
     when a client is made (about 30 ms and 1.5 MB of start-up), and any context needs
     OpenSSL's ``ssl`` module (2.8 MB, ~10 ms); redirects are not followed, so no https
     URL can come of it. A proxy from the environment still gets httpx's own transport,
-    verified as always.
+    verified as always (``environment_proxies``).
     """
     if url.startswith("http://"):
-        return ProviderClient(timeout=timeout, transport=transport or H11Transport())
+        if transport is not None:
+            return ProviderClient(timeout=timeout, transport=transport)
+        return ProviderClient(
+            timeout=timeout, transport=H11Transport(), mounts=environment_proxies(True)
+        )
     context = shared_ssl_context()
+    if transport is not None:
+        return ProviderClient(timeout=timeout, transport=transport, verify=context)
     return ProviderClient(
-        timeout=timeout, transport=transport or H11Transport(context), verify=context
+        timeout=timeout,
+        transport=H11Transport(context),
+        verify=context,
+        mounts=environment_proxies(context),
     )
+
+
+def environment_proxies(
+    verify: ssl.SSLContext | bool,
+) -> dict[str, httpx.AsyncBaseTransport | None]:
+    """The proxies ``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY`` and ``NO_PROXY`` ask for.
+
+    httpx reads them only for a client given no transport of its own, so a client over
+    ``H11Transport`` would send every request straight to the server, whatever the
+    environment says. These are the mounts httpx itself would make from it (its own
+    reading of the environment, NO_PROXY included): each proxy through httpx's transport
+    (httpcore), TLS verified with the client's context; None where NO_PROXY exempts a
+    host, which then goes through the client's own transport. Empty without proxies.
+    """
+    mounts: dict[str, httpx.AsyncBaseTransport | None] = {}
+    for pattern, proxy in get_environment_proxies().items():
+        mounts[pattern] = (
+            None
+            if proxy is None
+            else httpx.AsyncHTTPTransport(proxy=httpx.Proxy(proxy), verify=verify)
+        )
+    return mounts
 
 
 class SetCookieOnly(httpx.Cookies):
