@@ -7,14 +7,18 @@ too: a plain-HTTP proxy is sent the request itself, its target in absolute form.
 
 from __future__ import annotations
 
+import logging
+
 import httpx
 import pytest
+import trio
 from wire_server import Reply, chunk, wire_server
 
 from harness.messages.provider import ProviderRequest, TextDelta, UserTurn
 from harness.providers.errors import RetryableError
 from harness.providers.mistral import MistralProvider
 from harness.providers.openai import OpenAIProvider
+from harness.providers.sse import PostTemplate, new_client
 
 REQUEST = ProviderRequest("m", ("system",), (UserTurn("hi"),), ())
 PROXY_VARIABLES = (
@@ -128,3 +132,68 @@ async def test_a_callers_client_keeps_its_hooks_and_auth() -> None:
     assert seen == ["/v1/chat/completions"] * 2
     # The client's auth runs last, as httpx's does: it writes Authorization itself.
     assert server.requests[1].headers["authorization"] == "Basic dTpw"
+
+
+async def test_a_closed_client_refuses_to_send() -> None:
+    async with wire_server(Reply(events=[chunk("x", finish="stop")])) as server:
+        client = new_client(server.url, httpx.Timeout(5.0), None)
+        post = PostTemplate(client, f"{server.url}/x", {})
+        response = await post.send(b"{}")
+        await response.aclose()
+        await client.aclose()
+        with pytest.raises(RuntimeError):
+            await post.send(b"{}")
+
+
+async def test_the_clients_timeouts_still_apply() -> None:
+    """A read timeout of the client's reaches the transport (the request's extensions)."""
+    async with wire_server(Reply(events=[chunk("x", finish="stop")], delay=5.0)) as server:
+        client = new_client(server.url, httpx.Timeout(5.0, read=0.2), None)
+        post = PostTemplate(client, f"{server.url}/x", {})
+        started = trio.current_time()
+        with pytest.raises(httpx.ReadTimeout):
+            await post.send(b"{}")
+        assert trio.current_time() - started < 2.0
+        await client.aclose()
+
+
+async def test_the_providers_own_client_posts_straight_to_its_transport(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No ``AsyncClient.send`` layers for the providers' own client (issue 14's wire step)."""
+
+    async def refuse(*args: object, **kwargs: object) -> httpx.Response:
+        raise AssertionError("AsyncClient.send was called")
+
+    monkeypatch.setattr(httpx.AsyncClient, "send", refuse)
+    replies = [Reply(events=[chunk("x", finish="stop")]) for _ in range(3)]
+    async with wire_server(*replies, keep_alive=True) as server:
+        for kind in ("mistral", "openai"):
+            model = provider(kind, server.url)
+            try:
+                assert await texts_of(model) == [TextDelta("x")]
+            finally:
+                await model.aclose()
+
+
+async def test_httpx_request_line_is_still_logged_at_debug() -> None:
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("httpx")
+    old_level = logger.level
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(handler)
+    try:
+        async with wire_server(Reply(events=[chunk("x", finish="stop")])) as server:
+            model = provider("mistral", server.url)
+            try:
+                await texts_of(model)
+            finally:
+                await model.aclose()
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    lines = [r.getMessage() for r in records]
+    # As AsyncClient.send writes it (the test server sends no reason phrase).
+    assert lines == [f'HTTP Request: POST {server.url}/v1/chat/completions "HTTP/1.1 200 "']
