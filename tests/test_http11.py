@@ -245,6 +245,110 @@ async def test_a_broken_response_is_a_protocol_error(reply: bytes, message: str 
             await (await http.get(f"{root}/")).aread()
 
 
+async def test_a_body_cut_inside_a_chunk_header_is_a_protocol_error() -> None:
+    """The server leaves after half a chunk-size line: an error, not a wait for more."""
+
+    async def cut(stream: trio.abc.Stream) -> None:
+        await read_head(stream, bytearray())
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n1")
+        await stream.aclose()
+
+    async with serve(cut) as (root, _), client(H11Transport(), read=5.0) as http:
+        cut_off = pytest.raises(httpx.RemoteProtocolError, match="closed connection")
+        with trio.fail_after(2), cut_off:
+            await (await http.get(f"{root}/")).aread()
+
+
+async def test_bytes_after_a_response_are_not_taken_for_the_next_one() -> None:
+    """A server that sends more than its response: the connection is not used again."""
+
+    async def chatty(stream: trio.abc.Stream) -> None:
+        buffer = bytearray()
+        answers = [OK + b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nstale", FRESH]
+        while answers and await read_head(stream, buffer):
+            await stream.send_all(answers.pop(0))
+
+    async with serve(chatty) as (root, accepted), client(H11Transport()) as http:
+        assert (await http.get(f"{root}/1")).text == "ok"
+        assert (await http.get(f"{root}/2")).text == "ok"  # a new connection's first answer
+    assert len(accepted) == 2
+
+
+FRESH = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nfresh"
+
+
+@pytest.mark.parametrize(
+    ("reply", "text", "reused"),
+    [
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+         b"2;ext=1\r\nok\r\n0\r\nx-trailer: 1\r\n\r\n", "ok", True),
+        (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+         "ok", True),
+        (b"HTTP/1.1 204 No Content\r\ncontent-length: 7\r\n\r\n", "", True),
+        (b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok", "ok", False),
+        (b"HTTP/1.0 200 OK\r\n\r\nuntil the end", "until the end", False),
+        (b"HTTP/1.1 200 OK\n\n", "", False),
+    ],
+    ids=["chunked-trailers", "continue-first", "no-content", "close", "http10", "bare-lf"],
+)
+async def test_response_framings(reply: bytes, text: str, reused: bool) -> None:
+    """h11's framing rules, read without its Connection: the body, and whether it is kept."""
+
+    async def answer(stream: trio.abc.Stream) -> None:
+        buffer = bytearray()
+        closes = not reused
+        while await read_head(stream, buffer):
+            await stream.send_all(reply)
+            if closes:
+                await stream.aclose()
+                return
+
+    async with serve(answer) as (root, accepted), client(H11Transport()) as http:
+        for path in ("/1", "/2"):
+            assert (await http.get(f"{root}{path}")).text == text
+    assert len(accepted) == (1 if reused else 2)
+
+
+@pytest.mark.parametrize(
+    ("reply", "message"),
+    [
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n", "Transfer-Encoding"),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\nx",
+         "Content-Length"),
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n", "chunk header"),
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nokXX", "chunk footer"),
+        (b"HTTP/1.1 200 OK\r\nbad header\r\n\r\n", "header"),
+        (b"HTTP/1.1 200 OK\r\nx: " + b"y" * (110 * 1024), "too long"),
+        (b"HTTP/1.1 101 Switching Protocols\r\n\r\n", "(?i)switch"),
+    ],
+    ids=["te-gzip", "two-lengths", "chunk-size", "chunk-end", "header", "huge-head", "101"],
+)
+async def test_malformed_responses_fail_as_h11_says(reply: bytes, message: str) -> None:
+    async def broken(stream: trio.abc.Stream) -> None:
+        await read_head(stream, bytearray())
+        await stream.send_all(reply)
+        await trio.sleep(5)  # still open: the error is the reply's, not the end's
+
+    async with serve(broken) as (root, _), client(H11Transport()) as http:
+        with trio.fail_after(2), pytest.raises(httpx.RemoteProtocolError, match=message):
+            await (await http.get(f"{root}/")).aread()
+
+
+async def test_a_request_body_other_than_declared_is_a_local_error() -> None:
+    async with serve(answer_each) as (root, _), client(H11Transport()) as http:
+        for length in (b"3", b"30"):
+            request = http.build_request("POST", f"{root}/", content=b"x" * 10)
+            request.headers["content-length"] = length.decode()
+            with pytest.raises(httpx.LocalProtocolError, match="Content-Length"):
+                await http.send(request)
+
+
+async def test_connect_and_upgrade_requests_are_refused() -> None:
+    async with serve(answer_each) as (root, _), client(H11Transport()) as http:
+        with pytest.raises(httpx.LocalProtocolError, match="not supported"):
+            await http.get(f"{root}/", headers={"upgrade": "websocket", "connection": "upgrade"})
+
+
 async def test_connection_refused_is_a_connect_error() -> None:
     listener = trio.socket.socket()
     await listener.bind(("127.0.0.1", 0))
