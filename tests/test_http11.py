@@ -434,6 +434,43 @@ def test_checked_headers_are_what_h11_makes_and_bad_ones_still_fail() -> None:
         h11.Request(method=b"POST", target=b"/", headers=checked.headers(bad))
 
 
+def test_kept_request_heads_are_the_bytes_h11_writes() -> None:
+    from harness.providers.http11 import _RequestHeads
+
+    heads = _RequestHeads()
+    sets = [
+        [(b"Host", b"example.org"), (b"Authorization", b"Bearer k")],
+        [(b"Accept", b"*/*"), (b"Host", b"h:1"), (b"X-Other", b"content-length: 5")],
+        [(b"Host", b"h"), (b"Connection", b"close")],
+    ]
+    for base in sets:
+        for at in range(len(base) + 1):
+            for length in (b"0", b"10", b"12345", b"007"):
+                raw = [*base[:at], (b"Content-Length", length), *base[at:]]
+                kept = heads.head("POST", b"/v1?q=1", raw)
+                assert kept is not None
+                before, value, after, keep_alive = kept
+                connection = h11.Connection(h11.CLIENT)
+                theirs = connection.send(h11.Request(method="POST", target=b"/v1?q=1", headers=raw))
+                assert before + value + after == theirs
+                assert keep_alive == (b"close" not in dict(base).get(b"Connection", b""))
+    host = [(b"Host", b"h")]
+    # Not kept: no length, two, one that is not digits, a chunked body.
+    assert heads.head("POST", b"/", host) is None
+    assert heads.head("POST", b"/", [*host, (b"Content-Length", b"1")] * 2) is None
+    assert heads.head("POST", b"/", [*host, (b"Content-Length", b"1, 1")]) is None
+    chunked = [*host, (b"Transfer-Encoding", b"chunked"), (b"Content-Length", b"3")]
+    assert heads.head("POST", b"/", chunked) is None
+    # What h11 refuses is refused, each time (a bad head is never kept as good).
+    for _ in range(2):
+        with pytest.raises(h11.LocalProtocolError):
+            heads.head("POST", b"/", [(b"X", b"a\nb"), *host, (b"Content-Length", b"3")])
+        with pytest.raises(h11.LocalProtocolError):
+            heads.head("POST", b"/", [(b"Content-Length", b"3")])  # no Host
+        with pytest.raises(h11.LocalProtocolError):
+            heads.head("PO ST", b"/", [*host, (b"Content-Length", b"3")])
+
+
 async def test_bodies_of_every_size_arrive_whole_on_one_connection() -> None:
     bodies = [b"", b"x" * 10, b"y" * 40_000, b"z" * 300_000, b"w" * 5]
     served = wire_server(*[Reply(body="ok") for _ in bodies], keep_alive=True)
