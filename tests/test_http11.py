@@ -399,6 +399,37 @@ async def test_a_provider_turn_over_tls_through_the_transport(tmp_path: Path, ki
     assert len(accepted) == 1
 
 
+@pytest.mark.parametrize("tail_delay", [0.0, 0.1], ids=["with-the-reply", "later"])
+async def test_the_body_after_done_keeps_the_connection(tail_delay: float) -> None:
+    """The end of the chunked body, with ``[DONE]`` or after it: read, and the socket kept."""
+    events = [chunk("hi", finish="stop")]
+    body = b"".join(b"data: %s\n\n" % httpx.Response(200, json=e).content for e in events)
+    body += b"data: [DONE]\n\n"
+    reply = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (
+        len(body), body
+    )
+
+    async def sse_each(stream: trio.abc.Stream) -> None:
+        buffer = bytearray()
+        while await read_head(stream, buffer):
+            if tail_delay:
+                await stream.send_all(reply)
+                await trio.sleep(tail_delay)
+                await stream.send_all(b"0\r\n\r\n")
+            else:
+                await stream.send_all(reply + b"0\r\n\r\n")
+
+    async with serve(sse_each) as (root, accepted):
+        provider = MistralProvider("m", api_key="k", base_url=root)
+        request = ProviderRequest("m", ("system",), (UserTurn("hi"),), ())
+        for _ in range(3):
+            async with provider.stream(request) as stream:
+                texts = [e for e in [x async for x in stream] if isinstance(e, TextDelta)]
+            assert texts == [TextDelta("hi")]
+        await provider.aclose()
+    assert len(accepted) == 1
+
+
 async def test_a_provider_read_timeout_is_retryable() -> None:
     async with wire_server(Reply(events=[chunk("a")], hang=True)) as server:
         provider = MistralProvider("m", api_key="k", base_url=server.url)

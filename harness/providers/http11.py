@@ -345,7 +345,7 @@ class H11Transport(httpx.AsyncBaseTransport):
         return httpx.Response(
             status_code=response.status_code,
             headers=response.headers.raw_items(),
-            stream=_ResponseBody(
+            stream=ResponseBody(
                 self, connection, _BODY_READERS[kind](*args), keep_alive, read_timeout
             ),
             extensions={
@@ -599,7 +599,7 @@ class _CheckedHeaders:
         return type(template)(full)
 
 
-class _ResponseBody(httpx.AsyncByteStream):
+class ResponseBody(httpx.AsyncByteStream):
     """A response's body: what each read completes, as one piece; the connection on close.
 
     An iterator rather than an async generator: a generator suspended mid-body would be
@@ -672,23 +672,30 @@ class _ResponseBody(httpx.AsyncByteStream):
             raise
         return b"".join(pieces)  # h11 hands out bytearrays: bytes, as httpx promises
 
-    async def aclose(self) -> None:
-        if self._released:
-            return
-        self._released = True
-        connection = self._connection
-        if not self._done:
-            # A reader that stopped early may have left only what is already received
-            # (the end of a chunked body): take it without waiting, to keep the socket.
+    def received_to_the_end(self) -> bool:
+        """Whether the rest of the body is already received: then it is read (and dropped)
+        without waiting, and the body has ended. A reader that stopped early (at an SSE
+        stream's ``[DONE]``) asks, to wait for the rest only when it is not there yet."""
+        if not self._done and not self._released:
             try:
                 while True:
-                    event = connection.parse(self._reader)
+                    event = self._connection.parse(self._reader)
                     if type(event) is not h11.Data:
                         break
             except httpx.RemoteProtocolError:
-                event = None
-            if type(event) is not h11.EndOfMessage:
-                await connection.close()
-                return
-            self._ended()
-        await self._transport._release(connection)
+                return False
+            if type(event) is h11.EndOfMessage:
+                self._ended()
+        return self._done
+
+    async def aclose(self) -> None:
+        if self._released:
+            return
+        # A reader that stopped early may have left only what is already received
+        # (the end of a chunked body): taken without waiting, to keep the socket.
+        if not self.received_to_the_end():
+            self._released = True
+            await self._connection.close()
+            return
+        self._released = True
+        await self._transport._release(self._connection)

@@ -30,7 +30,7 @@ from harness.providers.errors import (
     ProviderError,
     RetryableError,
 )
-from harness.providers.http11 import H11Transport, shared_ssl_context
+from harness.providers.http11 import H11Transport, ResponseBody, shared_ssl_context
 
 if TYPE_CHECKING:
     import ssl  # the client's context, made only for an https URL
@@ -134,6 +134,8 @@ async def aiter_sse_data(chunks: AsyncIterable[bytes]) -> AsyncGenerator[str, No
         for payload in decoder.end():
             yield payload
         return
+    if isinstance(iterator, ResponseBody) and iterator.received_to_the_end():
+        return  # the tail came with the reply (the usual case): nothing to wait for
     # The reply is whole: a failure to read its tail only costs the connection.
     with trio.move_on_after(DRAIN_SECONDS), contextlib.suppress(httpx.HTTPError):
         async for _ in iterator:
