@@ -8,13 +8,14 @@ SSE itself only knows CRLF, LF and CR.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import email.utils
 import json
 import logging
 import re
 import time
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -115,34 +116,71 @@ class SSEDecoder:
 DRAIN_SECONDS = 0.5
 
 
-async def aiter_sse_data(chunks: AsyncIterable[bytes]) -> AsyncGenerator[str, None]:
-    """Yield each event's ``data`` until ``[DONE]`` (see ``SSEDecoder``).
+class SSEData:
+    """Each event's ``data`` until ``[DONE]`` (see ``SSEDecoder``), from a body's bytes.
 
     After ``[DONE]`` the rest of the body (the end of the chunked encoding, already sent
     with it by a well-behaved server) is read: a response closed before its end takes its
     connection with it, so every step would open a new one (a TLS handshake, against a
-    real API). A server that keeps the body open gets ``DRAIN_SECONDS``, then is left.
+    real API). A tail already received is read without waiting (``ResponseBody``); a
+    server that keeps the body open gets ``DRAIN_SECONDS``, then is left.
+
+    An iterator rather than an async generator: Trio tracks every async generator (a
+    hook when it starts, a finalizer, a weak set) and each one adds a frame to every
+    step of the stream; a provider reads one of these per request.
     """
-    decoder = SSEDecoder()
-    iterator = aiter(chunks)
-    async for chunk in iterator:
-        for payload in decoder.feed(chunk):
-            yield payload
-        if decoder.done:
-            break
-    else:
-        for payload in decoder.end():
-            yield payload
-        return
-    if isinstance(iterator, ResponseBody) and iterator.received_to_the_end():
-        return  # the tail came with the reply (the usual case): nothing to wait for
-    # The reply is whole: a failure to read its tail only costs the connection.
-    with trio.move_on_after(DRAIN_SECONDS), contextlib.suppress(httpx.HTTPError):
-        async for _ in iterator:
-            pass
+
+    __slots__ = ("_chunks", "_decoder", "_ended", "_ready")
+
+    def __init__(self, chunks: AsyncIterable[bytes]) -> None:
+        self._chunks = aiter(chunks)
+        self._decoder = SSEDecoder()
+        self._ready: collections.deque[str] = collections.deque()
+        self._ended = False  # the body is read to its end, or left
+
+    def __aiter__(self) -> SSEData:
+        return self
+
+    async def __anext__(self) -> str:
+        ready = self._ready
+        decoder = self._decoder
+        while not ready:
+            if self._ended:
+                raise StopAsyncIteration
+            if decoder.done:  # every payload before [DONE] is taken: now the tail
+                self._ended = True
+                await self._drain()
+                raise StopAsyncIteration
+            try:
+                chunk = await anext(self._chunks)
+            except StopAsyncIteration:
+                self._ended = True
+                ready.extend(decoder.end())
+                continue
+            ready.extend(decoder.feed(chunk))
+        return ready.popleft()
+
+    async def _drain(self) -> None:
+        chunks = self._chunks
+        if isinstance(chunks, ResponseBody) and chunks.received_to_the_end():
+            return  # the tail came with the reply (the usual case): nothing to wait for
+        # The reply is whole: a failure to read its tail only costs the connection.
+        with trio.move_on_after(DRAIN_SECONDS), contextlib.suppress(httpx.HTTPError):
+            async for _ in chunks:
+                pass
+
+    async def aclose(self) -> None:
+        """Stop: nothing more is read (the response itself is closed by its owner)."""
+        self._ended = True
+        self._ready.clear()
 
 
-def sse_data(response: httpx.Response) -> AsyncGenerator[str, None]:
+def aiter_sse_data(chunks: AsyncIterable[bytes]) -> SSEData:
+    """The ``data`` payloads of ``chunks`` (``SSEData``)."""
+    return SSEData(chunks)
+
+
+def sse_data(response: httpx.Response) -> SSEData:
     """The ``data`` payloads of a streamed response (``open_stream`` closes it).
 
     With nothing to decode, the body is read from ``response.stream`` itself, the
