@@ -245,6 +245,110 @@ async def test_a_broken_response_is_a_protocol_error(reply: bytes, message: str 
             await (await http.get(f"{root}/")).aread()
 
 
+async def test_a_body_cut_inside_a_chunk_header_is_a_protocol_error() -> None:
+    """The server leaves after half a chunk-size line: an error, not a wait for more."""
+
+    async def cut(stream: trio.abc.Stream) -> None:
+        await read_head(stream, bytearray())
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n1")
+        await stream.aclose()
+
+    async with serve(cut) as (root, _), client(H11Transport(), read=5.0) as http:
+        cut_off = pytest.raises(httpx.RemoteProtocolError, match="closed connection")
+        with trio.fail_after(2), cut_off:
+            await (await http.get(f"{root}/")).aread()
+
+
+async def test_bytes_after_a_response_are_not_taken_for_the_next_one() -> None:
+    """A server that sends more than its response: the connection is not used again."""
+
+    async def chatty(stream: trio.abc.Stream) -> None:
+        buffer = bytearray()
+        answers = [OK + b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nstale", FRESH]
+        while answers and await read_head(stream, buffer):
+            await stream.send_all(answers.pop(0))
+
+    async with serve(chatty) as (root, accepted), client(H11Transport()) as http:
+        assert (await http.get(f"{root}/1")).text == "ok"
+        assert (await http.get(f"{root}/2")).text == "ok"  # a new connection's first answer
+    assert len(accepted) == 2
+
+
+FRESH = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nfresh"
+
+
+@pytest.mark.parametrize(
+    ("reply", "text", "reused"),
+    [
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+         b"2;ext=1\r\nok\r\n0\r\nx-trailer: 1\r\n\r\n", "ok", True),
+        (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+         "ok", True),
+        (b"HTTP/1.1 204 No Content\r\ncontent-length: 7\r\n\r\n", "", True),
+        (b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok", "ok", False),
+        (b"HTTP/1.0 200 OK\r\n\r\nuntil the end", "until the end", False),
+        (b"HTTP/1.1 200 OK\n\n", "", False),
+    ],
+    ids=["chunked-trailers", "continue-first", "no-content", "close", "http10", "bare-lf"],
+)
+async def test_response_framings(reply: bytes, text: str, reused: bool) -> None:
+    """h11's framing rules, read without its Connection: the body, and whether it is kept."""
+
+    async def answer(stream: trio.abc.Stream) -> None:
+        buffer = bytearray()
+        closes = not reused
+        while await read_head(stream, buffer):
+            await stream.send_all(reply)
+            if closes:
+                await stream.aclose()
+                return
+
+    async with serve(answer) as (root, accepted), client(H11Transport()) as http:
+        for path in ("/1", "/2"):
+            assert (await http.get(f"{root}{path}")).text == text
+    assert len(accepted) == (1 if reused else 2)
+
+
+@pytest.mark.parametrize(
+    ("reply", "message"),
+    [
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n", "Transfer-Encoding"),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\nx",
+         "Content-Length"),
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n", "chunk header"),
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nokXX", "chunk footer"),
+        (b"HTTP/1.1 200 OK\r\nbad header\r\n\r\n", "header"),
+        (b"HTTP/1.1 200 OK\r\nx: " + b"y" * (110 * 1024), "too long"),
+        (b"HTTP/1.1 101 Switching Protocols\r\n\r\n", "(?i)switch"),
+    ],
+    ids=["te-gzip", "two-lengths", "chunk-size", "chunk-end", "header", "huge-head", "101"],
+)
+async def test_malformed_responses_fail_as_h11_says(reply: bytes, message: str) -> None:
+    async def broken(stream: trio.abc.Stream) -> None:
+        await read_head(stream, bytearray())
+        await stream.send_all(reply)
+        await trio.sleep(5)  # still open: the error is the reply's, not the end's
+
+    async with serve(broken) as (root, _), client(H11Transport()) as http:
+        with trio.fail_after(2), pytest.raises(httpx.RemoteProtocolError, match=message):
+            await (await http.get(f"{root}/")).aread()
+
+
+async def test_a_request_body_other_than_declared_is_a_local_error() -> None:
+    async with serve(answer_each) as (root, _), client(H11Transport()) as http:
+        for length in (b"3", b"30"):
+            request = http.build_request("POST", f"{root}/", content=b"x" * 10)
+            request.headers["content-length"] = length.decode()
+            with pytest.raises(httpx.LocalProtocolError, match="Content-Length"):
+                await http.send(request)
+
+
+async def test_connect_and_upgrade_requests_are_refused() -> None:
+    async with serve(answer_each) as (root, _), client(H11Transport()) as http:
+        with pytest.raises(httpx.LocalProtocolError, match="not supported"):
+            await http.get(f"{root}/", headers={"upgrade": "websocket", "connection": "upgrade"})
+
+
 async def test_connection_refused_is_a_connect_error() -> None:
     listener = trio.socket.socket()
     await listener.bind(("127.0.0.1", 0))
@@ -295,6 +399,37 @@ async def test_a_provider_turn_over_tls_through_the_transport(tmp_path: Path, ki
     assert len(accepted) == 1
 
 
+@pytest.mark.parametrize("tail_delay", [0.0, 0.1], ids=["with-the-reply", "later"])
+async def test_the_body_after_done_keeps_the_connection(tail_delay: float) -> None:
+    """The end of the chunked body, with ``[DONE]`` or after it: read, and the socket kept."""
+    events = [chunk("hi", finish="stop")]
+    body = b"".join(b"data: %s\n\n" % httpx.Response(200, json=e).content for e in events)
+    body += b"data: [DONE]\n\n"
+    reply = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (
+        len(body), body
+    )
+
+    async def sse_each(stream: trio.abc.Stream) -> None:
+        buffer = bytearray()
+        while await read_head(stream, buffer):
+            if tail_delay:
+                await stream.send_all(reply)
+                await trio.sleep(tail_delay)
+                await stream.send_all(b"0\r\n\r\n")
+            else:
+                await stream.send_all(reply + b"0\r\n\r\n")
+
+    async with serve(sse_each) as (root, accepted):
+        provider = MistralProvider("m", api_key="k", base_url=root)
+        request = ProviderRequest("m", ("system",), (UserTurn("hi"),), ())
+        for _ in range(3):
+            async with provider.stream(request) as stream:
+                texts = [e for e in [x async for x in stream] if isinstance(e, TextDelta)]
+            assert texts == [TextDelta("hi")]
+        await provider.aclose()
+    assert len(accepted) == 1
+
+
 async def test_a_provider_read_timeout_is_retryable() -> None:
     async with wire_server(Reply(events=[chunk("a")], hang=True)) as server:
         provider = MistralProvider("m", api_key="k", base_url=server.url)
@@ -328,6 +463,43 @@ def test_checked_headers_are_what_h11_makes_and_bad_ones_still_fail() -> None:
     with pytest.raises(h11.LocalProtocolError):
         bad = [(b"Host", b"example.org"), (b"X", b"a\nb"), (b"Content-Length", b"3")]
         h11.Request(method=b"POST", target=b"/", headers=checked.headers(bad))
+
+
+def test_kept_request_heads_are_the_bytes_h11_writes() -> None:
+    from harness.providers.http11 import _RequestHeads
+
+    heads = _RequestHeads()
+    sets = [
+        [(b"Host", b"example.org"), (b"Authorization", b"Bearer k")],
+        [(b"Accept", b"*/*"), (b"Host", b"h:1"), (b"X-Other", b"content-length: 5")],
+        [(b"Host", b"h"), (b"Connection", b"close")],
+    ]
+    for base in sets:
+        for at in range(len(base) + 1):
+            for length in (b"0", b"10", b"12345", b"007"):
+                raw = [*base[:at], (b"Content-Length", length), *base[at:]]
+                kept = heads.head("POST", b"/v1?q=1", raw)
+                assert kept is not None
+                before, value, after, keep_alive = kept
+                connection = h11.Connection(h11.CLIENT)
+                theirs = connection.send(h11.Request(method="POST", target=b"/v1?q=1", headers=raw))
+                assert before + value + after == theirs
+                assert keep_alive == (b"close" not in dict(base).get(b"Connection", b""))
+    host = [(b"Host", b"h")]
+    # Not kept: no length, two, one that is not digits, a chunked body.
+    assert heads.head("POST", b"/", host) is None
+    assert heads.head("POST", b"/", [*host, (b"Content-Length", b"1")] * 2) is None
+    assert heads.head("POST", b"/", [*host, (b"Content-Length", b"1, 1")]) is None
+    chunked = [*host, (b"Transfer-Encoding", b"chunked"), (b"Content-Length", b"3")]
+    assert heads.head("POST", b"/", chunked) is None
+    # What h11 refuses is refused, each time (a bad head is never kept as good).
+    for _ in range(2):
+        with pytest.raises(h11.LocalProtocolError):
+            heads.head("POST", b"/", [(b"X", b"a\nb"), *host, (b"Content-Length", b"3")])
+        with pytest.raises(h11.LocalProtocolError):
+            heads.head("POST", b"/", [(b"Content-Length", b"3")])  # no Host
+        with pytest.raises(h11.LocalProtocolError):
+            heads.head("PO ST", b"/", [*host, (b"Content-Length", b"3")])
 
 
 async def test_bodies_of_every_size_arrive_whole_on_one_connection() -> None:

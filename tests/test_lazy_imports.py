@@ -170,8 +170,10 @@ _FIRST_REQUEST_PROBE = """
 import json, sys
 from harness import install_lean_imports
 install_lean_imports()  # as harness.cli.main does first; idempotent, so main's is a no-op
-import httpx
-send = httpx.AsyncClient.send
+# Where every provider request is sent (AsyncClient.send is skipped for the providers'
+# own client): h11, httpx and Trio, which it imports, are loaded by then in any case.
+from harness.providers.http11 import H11Transport
+send = H11Transport.handle_async_request
 async def first_send(self, *args, **kwargs):
     if not hasattr(first_send, "seen"):
         first_send.seen = sorted(m for m in sys.modules if sys.modules[m] is not None)
@@ -184,7 +186,7 @@ async def first_send(self, *args, **kwargs):
                 found.append(f"{model.__module__}.{model.__qualname__}")
         first_send.built = sorted(found)
     return await send(self, *args, **kwargs)
-httpx.AsyncClient.send = first_send
+H11Transport.handle_async_request = first_send
 from harness.cli import main
 try:
     main(sys.argv[2:])

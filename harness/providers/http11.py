@@ -9,7 +9,11 @@ sixth of a wire step's CPU (issue 14's profile). This transport keeps what matte
 and drops the layers:
 
 - the same wire: h11 (what httpcore uses) makes and parses every message, with the same
-  size limit on an incomplete event, so malformed responses fail as they did;
+  size limit on an incomplete event, so malformed responses fail as they did. Its
+  writers, readers and framing rules are called directly, without ``h11.Connection``'s
+  state machine (see ``_exchange``); CONNECT and Upgrade, which only that machine
+  handles, are refused, and a connection with bytes left over after a response is not
+  used again;
 - the same errors: httpx's exception types (``ConnectError``, ``ConnectTimeout``,
   ``ReadTimeout``, ``WriteTimeout``, ``ReadError``, ``RemoteProtocolError``…), raised
   where httpcore raised their httpcore twins, and the ``connect``/``read``/``write``
@@ -43,6 +47,18 @@ import h11
 import httpx
 import trio
 
+# h11's own parsers and writers, without its Connection's state machine (see _Exchange).
+from h11._connection import _body_framing, _keep_alive
+from h11._headers import get_comma_header
+from h11._readers import (
+    ChunkedReader,
+    ContentLengthReader,
+    Http10Reader,
+    maybe_read_from_SEND_RESPONSE_server,
+)
+from h11._receivebuffer import ReceiveBuffer
+from h11._writers import ChunkedWriter, ContentLengthWriter, write_request
+
 if TYPE_CHECKING:
     import ssl  # imported by httpx when a context is made, and only then
 
@@ -72,16 +88,24 @@ def _deadline(timeout: float | None) -> float:
     return math.inf if timeout is None else trio.current_time() + timeout
 
 
-class _Connection:
-    """One connection and the h11 state of the exchange on it (see the two kinds below)."""
+_BODY_READERS: dict[str, Any] = {
+    "chunked": ChunkedReader,
+    "content-length": ContentLengthReader,
+    "http/1.0": Http10Reader,
+}
+_BODY_WRITERS: dict[str, Any] = {"chunked": ChunkedWriter, "content-length": ContentLengthWriter}
 
-    __slots__ = ("expires", "h11", "origin")
+
+class _Connection:
+    """One connection, what it has received and not yet parsed, and whether it may carry
+    another exchange (see the two kinds below)."""
+
+    __slots__ = ("buffer", "expires", "origin", "reusable")
 
     def __init__(self, origin: _Origin) -> None:
         self.origin = origin
-        self.h11 = h11.Connection(
-            our_role=h11.CLIENT, max_incomplete_event_size=MAX_INCOMPLETE_EVENT_SIZE
-        )
+        self.buffer = ReceiveBuffer()
+        self.reusable = False  # set when an exchange ends cleanly and both sides keep it
         self.expires = 0.0
 
     async def write(self, data: bytes, seconds: float | None) -> None:
@@ -102,15 +126,19 @@ class _Connection:
         """Close an idle connection, without a TLS goodbye to a peer that left."""
         raise NotImplementedError
 
-    def next_event(self) -> Any:
-        try:
-            return self.h11.next_event()
-        except h11.RemoteProtocolError as exc:
-            raise httpx.RemoteProtocolError(str(exc)) from exc
+    def parse(self, reader: Any) -> Any:
+        """The next event an h11 reader finds in the buffer, or None (more is needed).
 
-    def reusable(self) -> bool:
-        """Whether the exchange ended cleanly on both sides, so the socket may carry another."""
-        return self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE
+        h11 raises its ``LocalProtocolError`` for some of what it is sent; its
+        Connection re-raises those as remote errors, and so does this.
+        """
+        try:
+            event = reader(self.buffer)
+        except h11.ProtocolError as exc:
+            raise httpx.RemoteProtocolError(str(exc)) from exc
+        if event is None and len(self.buffer) > MAX_INCOMPLETE_EVENT_SIZE:
+            raise httpx.RemoteProtocolError("Receive buffer too long")  # h11's words
+        return event
 
 
 class _StreamConnection(_Connection):
@@ -250,6 +278,7 @@ class H11Transport(httpx.AsyncBaseTransport):
         self._idle: list[_Connection] = []
         self._closed = False
         self._heads = _CheckedHeaders()
+        self._written = _RequestHeads()
 
     # --- the request -----------------------------------------------------------------
 
@@ -282,72 +311,110 @@ class H11Transport(httpx.AsyncBaseTransport):
     async def _exchange(
         self, connection: _Connection, request: httpx.Request, timeouts: dict[str, float | None]
     ) -> httpx.Response:
-        state = connection.h11
-        try:
-            head = state.send(
-                h11.Request(
-                    method=request.method,
-                    target=request.url.raw_path,
-                    headers=self._heads.headers(request.headers.raw),
-                )
-            )
-        except h11.LocalProtocolError as exc:
-            raise httpx.LocalProtocolError(str(exc)) from exc
-        write_timeout = timeouts.get("write")
+        """One request and its response's head, through h11's writers and readers.
+
+        h11's ``Connection`` runs every event through its state machine (both sides'
+        states, keep-alive, protocol switches): ~45 µs of a provider request's ~75 µs of
+        h11 (issue 14), for a client that sends one request at a time and reads its
+        response to the end. Here the same h11 code builds and checks the request
+        (``h11.Request``, its framing and its writers: a body longer or shorter than
+        declared still fails) and parses the response (its status-line, header, chunked
+        and Content-Length readers, its framing and keep-alive rules, the size limit of
+        an incomplete event), and the bookkeeping is this method's.
+        """
+        connection.reusable = False
+        keep_alive = await self._send_request(connection, request, timeouts.get("write"))
+        read_timeout = timeouts.get("read")
+        while True:
+            response = connection.parse(maybe_read_from_SEND_RESPONSE_server)
+            if response is None:
+                received = await connection.read(read_timeout)
+                if not received:
+                    raise httpx.RemoteProtocolError(
+                        "Server disconnected without sending a response."
+                    )
+                connection.buffer += received
+                continue
+            if type(response) is h11.Response:
+                break
+            if response.status_code == 101:
+                raise httpx.RemoteProtocolError("the server switched protocols (101)")
+            # 100 Continue and friends: the answer is still to come.
+        kind, args = _body_framing(request.method.encode("ascii"), response)
+        keep_alive = keep_alive and _keep_alive(response)
+        return httpx.Response(
+            status_code=response.status_code,
+            headers=response.headers.raw_items(),
+            stream=ResponseBody(
+                self, connection, _BODY_READERS[kind](*args), keep_alive, read_timeout
+            ),
+            extensions={
+                "http_version": b"HTTP/" + response.http_version,
+                "reason_phrase": response.reason,
+            },
+        )
+
+    async def _send_request(
+        self, connection: _Connection, request: httpx.Request, seconds: float | None
+    ) -> bool:
+        """Write the whole request; whether it lets the connection be kept afterwards."""
         try:
             content: bytes | None = request.content
         except httpx.RequestNotRead:  # a streamed body
             content = None
         try:
-            if content is not None:  # a body in memory: one write for the whole message
-                # Even for a long history: a body sent after its head in a write of its
-                # own took the writer through Trio's send loop twice, ~170 more Python
-                # calls a step at 200 steps, dearer than copying it onto the head.
-                data = head or b""
-                if content:
-                    data += state.send(h11.Data(data=content)) or b""
-                data += state.send(h11.EndOfMessage()) or b""
-                await connection.write(data, write_timeout)
+            written = None
+            if content is not None:
+                url = request.url
+                written = self._written.head(request.method, url.raw_path, request.headers.raw)
+            if content is not None and written is not None:
+                before, length, after, keep_alive = written
+                declared = int(length)
+                if len(content) != declared:  # h11's writer's words for either case
+                    too = "much" if len(content) > declared else "little"
+                    raise h11.LocalProtocolError(f"Too {too} data for declared Content-Length")
+                data = b"".join((before, length, after, content))
+                writer = None
             else:
-                await connection.write(head or b"", write_timeout)
+                event = h11.Request(
+                    method=request.method,
+                    target=request.url.raw_path,
+                    headers=self._heads.headers(request.headers.raw),
+                )
+                _refuse_switches(event)
+                kind, args = _body_framing(event.method, event)
+                writer = _BODY_WRITERS[kind](*args)
+                keep_alive = _keep_alive(event)
+                parts: list[bytes] = []
+                write_request(event, parts.append)
+                if content is not None:
+                    if content:
+                        writer(h11.Data(data=content), parts.append)
+                    writer(h11.EndOfMessage(), parts.append)
+                data = b"".join(parts)
+        except h11.LocalProtocolError as exc:  # a bad head, a body other than declared
+            raise httpx.LocalProtocolError(str(exc)) from exc
+        try:
+            # A body in memory goes in one write with its head, even for a long history:
+            # sent in a write of its own it took the writer through Trio's send loop
+            # twice, ~170 more Python calls a step at 200 steps, dearer than the copy.
+            await connection.write(data, seconds)
+            if writer is not None and content is None:
                 async for part in request.stream:  # type: ignore[union-attr]
                     if part:
-                        data = state.send(h11.Data(data=part)) or b""
-                        await connection.write(data, write_timeout)
-                await connection.write(state.send(h11.EndOfMessage()) or b"", write_timeout)
+                        parts = []
+                        writer(h11.Data(data=part), parts.append)
+                        await connection.write(b"".join(parts), seconds)
+                parts = []
+                writer(h11.EndOfMessage(), parts.append)
+                await connection.write(b"".join(parts), seconds)
         except httpx.WriteError:
             # As httpcore: a server may close its side early and still answer (an error
             # status for a body it will not take), so the answer is read all the same.
-            pass
-        except h11.LocalProtocolError as exc:  # a body longer or shorter than declared
+            return False
+        except h11.LocalProtocolError as exc:  # a streamed body other than declared
             raise httpx.LocalProtocolError(str(exc)) from exc
-        read_timeout = timeouts.get("read")
-        while True:
-            event = connection.next_event()
-            if event is h11.NEED_DATA:
-                received = await connection.read(read_timeout)
-                if not received and state.their_state is h11.SEND_RESPONSE:
-                    raise httpx.RemoteProtocolError(
-                        "Server disconnected without sending a response."
-                    )
-                state.receive_data(received)
-                continue
-            if isinstance(event, h11.Response):
-                break
-            if isinstance(event, h11.InformationalResponse):
-                if event.status_code == 101:
-                    raise httpx.RemoteProtocolError("the server switched protocols (101)")
-                continue  # 100 Continue and friends: the answer is still to come
-            raise httpx.RemoteProtocolError(f"unexpected {type(event).__name__} before a response")
-        return httpx.Response(
-            status_code=event.status_code,
-            headers=event.headers.raw_items(),
-            stream=_ResponseBody(self, connection, read_timeout),
-            extensions={
-                "http_version": b"HTTP/" + event.http_version,
-                "reason_phrase": event.reason,
-            },
-        )
+        return keep_alive
 
     # --- connections -----------------------------------------------------------------
 
@@ -405,10 +472,11 @@ class H11Transport(httpx.AsyncBaseTransport):
         return _StreamConnection(origin, tls, tcp.socket)
 
     async def _release(self, connection: _Connection) -> None:
-        if self._closed or not connection.reusable() or len(self._idle) >= self._max_idle:
+        # Reusable only with nothing left over: bytes after a response are no response.
+        reusable = connection.reusable and not connection.buffer
+        if self._closed or not reusable or len(self._idle) >= self._max_idle:
             await connection.close()
             return
-        connection.h11.start_next_cycle()
         connection.expires = time.monotonic() + self._keepalive_expiry
         self._idle.append(connection)
 
@@ -417,6 +485,75 @@ class H11Transport(httpx.AsyncBaseTransport):
         idle, self._idle = self._idle, []
         for connection in idle:
             await connection.close()
+
+
+def _refuse_switches(event: h11.Request) -> None:
+    """CONNECT and Upgrade: only ``h11.Connection``'s state machine handles them."""
+    if event.method == b"CONNECT" or get_comma_header(event.headers, b"upgrade"):
+        raise h11.LocalProtocolError("CONNECT and Upgrade are not supported here")
+
+
+class _RequestHeads:
+    """A request's head as h11 writes it, checked and written once per set of headers.
+
+    Checking a head (``h11.Request``: the method, the target, Host and every header
+    against its grammar), its framing and keep-alive rules and writing it took ~17 µs a
+    request, and a provider client sends the same head every time but for
+    Content-Length's value. For a head with one Content-Length of digits, h11's
+    output is kept by the method, the target and the headers' exact bytes (that value
+    left out), as the bytes before and after the value, with its keep-alive: the new
+    value goes between them, so what is sent is what h11 would have written (a test
+    holds the two to the same bytes). The body must be as long as the value says, as
+    h11's writer requires. Any other head (no length, several, chunked) is not kept.
+    """
+
+    __slots__ = ("_heads",)
+
+    LIMIT = 16  # heads kept; a provider client has one or two
+
+    def __init__(self) -> None:
+        self._heads: dict[tuple[Any, ...], tuple[bytes, bytes, bool] | None] = {}
+
+    def head(
+        self, method: str, target: bytes, raw: list[tuple[bytes, bytes]]
+    ) -> tuple[bytes, bytes, bytes, bool] | None:
+        """(before, the length, after, keep-alive), or None for a head not kept."""
+        at = -1
+        length = b""
+        for index, (name, value) in enumerate(raw):
+            if len(name) == 14 and name.lower() == b"content-length":
+                if at >= 0:
+                    return None  # two of them: h11 decides what that means
+                at, length = index, value
+        if at < 0 or not length.isdigit():
+            return None
+        key = (method, target, *raw[:at], (raw[at][0], b""), *raw[at + 1 :])
+        try:
+            written = self._heads[key]
+        except KeyError:
+            written = self._write(method, target, raw)
+            if len(self._heads) >= self.LIMIT:
+                self._heads.clear()
+            self._heads[key] = written
+        if written is None:
+            return None
+        return written[0], length, written[1], written[2]
+
+    @staticmethod
+    def _write(
+        method: str, target: bytes, raw: list[tuple[bytes, bytes]]
+    ) -> tuple[bytes, bytes, bool] | None:
+        event = h11.Request(method=method, target=target, headers=raw)  # h11's checks
+        _refuse_switches(event)
+        if _body_framing(event.method, event)[0] != "content-length":
+            return None  # Transfer-Encoding wins over the length
+        parts: list[bytes] = []
+        write_request(event, parts.append)  # the request line, each header, the blank line
+        (at,) = (i for i, part in enumerate(parts) if part[:15].lower() == b"content-length:")
+        name = parts[at][: parts[at].index(b":") + 2]
+        before = b"".join((*parts[:at], name))
+        after = b"".join((b"\r\n", *parts[at + 1 :]))
+        return before, after, _keep_alive(event)
 
 
 class _CheckedHeaders:
@@ -462,20 +599,30 @@ class _CheckedHeaders:
         return type(template)(full)
 
 
-class _ResponseBody(httpx.AsyncByteStream):
+class ResponseBody(httpx.AsyncByteStream):
     """A response's body: what each read completes, as one piece; the connection on close.
 
     An iterator rather than an async generator: a generator suspended mid-body would be
     finalized later by the event loop, and every generator level costs each suspension.
     """
 
-    __slots__ = ("_connection", "_done", "_released", "_timeout", "_transport")
+    __slots__ = (
+        "_connection", "_done", "_keep_alive", "_reader", "_released", "_timeout",
+        "_transport",
+    )  # fmt: skip
 
     def __init__(
-        self, transport: H11Transport, connection: _Connection, timeout: float | None
+        self,
+        transport: H11Transport,
+        connection: _Connection,
+        reader: Any,
+        keep_alive: bool,
+        timeout: float | None,
     ) -> None:
         self._transport = transport
         self._connection = connection
+        self._reader = reader  # h11's body reader for the response's framing
+        self._keep_alive = keep_alive
         self._timeout = timeout
         self._done = False
         self._released = False
@@ -483,24 +630,37 @@ class _ResponseBody(httpx.AsyncByteStream):
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self
 
+    def _ended(self) -> None:
+        self._done = True
+        self._connection.reusable = self._keep_alive
+
     async def __anext__(self) -> bytes:
         if self._done or self._released:
             raise StopAsyncIteration
         connection = self._connection
+        reader = self._reader
         pieces: list[bytes] = []
         try:
             while True:
-                event = connection.next_event()
+                event = connection.parse(reader)
                 if type(event) is h11.Data:
                     pieces.append(event.data)
                     continue
-                if event is h11.NEED_DATA:
+                if event is None:
                     if pieces:
                         break
-                    connection.h11.receive_data(await connection.read(self._timeout))
-                    continue
-                # EndOfMessage, or PAUSED (the server's side is done; nothing else to read).
-                self._done = True
+                    received = await connection.read(self._timeout)
+                    if received:
+                        connection.buffer += received
+                        continue
+                    # The server closed: the end of an HTTP/1.0 body, a cut one otherwise
+                    # (h11's readers say which, and raise for a cut one).
+                    try:
+                        event = reader.read_eof()
+                    except h11.ProtocolError as exc:
+                        raise httpx.RemoteProtocolError(str(exc)) from exc
+                    self._keep_alive = False
+                self._ended()  # EndOfMessage
                 if not pieces:
                     raise StopAsyncIteration
                 break
@@ -512,22 +672,30 @@ class _ResponseBody(httpx.AsyncByteStream):
             raise
         return b"".join(pieces)  # h11 hands out bytearrays: bytes, as httpx promises
 
-    async def aclose(self) -> None:
-        if self._released:
-            return
-        self._released = True
-        connection = self._connection
-        if not self._done:
-            # A reader that stopped early may have left only what is already received
-            # (the end of a chunked body): take it without waiting, to keep the socket.
+    def received_to_the_end(self) -> bool:
+        """Whether the rest of the body is already received: then it is read (and dropped)
+        without waiting, and the body has ended. A reader that stopped early (at an SSE
+        stream's ``[DONE]``) asks, to wait for the rest only when it is not there yet."""
+        if not self._done and not self._released:
             try:
                 while True:
-                    event = connection.next_event()
+                    event = self._connection.parse(self._reader)
                     if type(event) is not h11.Data:
                         break
             except httpx.RemoteProtocolError:
-                event = None
-            if type(event) is not h11.EndOfMessage:
-                await connection.close()
-                return
-        await self._transport._release(connection)
+                return False
+            if type(event) is h11.EndOfMessage:
+                self._ended()
+        return self._done
+
+    async def aclose(self) -> None:
+        if self._released:
+            return
+        # A reader that stopped early may have left only what is already received
+        # (the end of a chunked body): taken without waiting, to keep the socket.
+        if not self.received_to_the_end():
+            self._released = True
+            await self._connection.close()
+            return
+        self._released = True
+        await self._transport._release(self._connection)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import pydantic
+import pydantic_core
 
 from harness import machine_cache
 from harness.messages.model import Tokens
@@ -260,14 +261,16 @@ def encode_message(turn: WireMessage) -> bytes:
         return b""
     try:
         return wire_json(turn)
-    except UnicodeEncodeError:
+    except pydantic_core.PydanticSerializationError:
         return message.model_dump_json(by_alias=True).encode("utf-8")
 
 
 def _text(value: str) -> bytes:
-    # The escapes pydantic-core writes: ", \, and controls (\b \f \n \r \t, \u00XX);
-    # the rest as UTF-8 (tests/test_provider_mistral.py holds the two to the same bytes).
-    return json.dumps(value, ensure_ascii=False).encode("utf-8")
+    # pydantic-core's own JSON for a string, the SDK's serializer's (", \, controls as
+    # \b \f \n \r \t or \u00XX, the rest as UTF-8): a 900-character tool result in
+    # 1.1 µs against 5.8 through json.dumps (tests/test_provider_mistral.py holds
+    # wire_json to the SDK's bytes). A lone surrogate raises (encode_message).
+    return pydantic_core.to_json(value)
 
 
 def wire_json(turn: WireMessage) -> bytes:

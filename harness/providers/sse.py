@@ -8,18 +8,21 @@ SSE itself only knows CRLF, LF and CR.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import email.utils
 import json
+import logging
 import re
 import time
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import trio
+from httpx._utils import get_environment_proxies
 
 from harness.providers.errors import (
     AuthError,
@@ -28,9 +31,14 @@ from harness.providers.errors import (
     ProviderError,
     RetryableError,
 )
-from harness.providers.http11 import H11Transport, shared_ssl_context
+from harness.providers.http11 import H11Transport, ResponseBody, shared_ssl_context
+
+if TYPE_CHECKING:
+    import ssl  # the client's context, made only for an https URL
 
 DONE = "[DONE]"
+
+_httpx_log = logging.getLogger("httpx")  # the line AsyncClient.send writes per request
 
 _EOL = re.compile(rb"\r\n|\r|\n")
 
@@ -108,32 +116,71 @@ class SSEDecoder:
 DRAIN_SECONDS = 0.5
 
 
-async def aiter_sse_data(chunks: AsyncIterable[bytes]) -> AsyncGenerator[str, None]:
-    """Yield each event's ``data`` until ``[DONE]`` (see ``SSEDecoder``).
+class SSEData:
+    """Each event's ``data`` until ``[DONE]`` (see ``SSEDecoder``), from a body's bytes.
 
     After ``[DONE]`` the rest of the body (the end of the chunked encoding, already sent
     with it by a well-behaved server) is read: a response closed before its end takes its
     connection with it, so every step would open a new one (a TLS handshake, against a
-    real API). A server that keeps the body open gets ``DRAIN_SECONDS``, then is left.
+    real API). A tail already received is read without waiting (``ResponseBody``); a
+    server that keeps the body open gets ``DRAIN_SECONDS``, then is left.
+
+    An iterator rather than an async generator: Trio tracks every async generator (a
+    hook when it starts, a finalizer, a weak set) and each one adds a frame to every
+    step of the stream; a provider reads one of these per request.
     """
-    decoder = SSEDecoder()
-    iterator = aiter(chunks)
-    async for chunk in iterator:
-        for payload in decoder.feed(chunk):
-            yield payload
-        if decoder.done:
-            break
-    else:
-        for payload in decoder.end():
-            yield payload
-        return
-    # The reply is whole: a failure to read its tail only costs the connection.
-    with trio.move_on_after(DRAIN_SECONDS), contextlib.suppress(httpx.HTTPError):
-        async for _ in iterator:
-            pass
+
+    __slots__ = ("_chunks", "_decoder", "_ended", "_ready")
+
+    def __init__(self, chunks: AsyncIterable[bytes]) -> None:
+        self._chunks = aiter(chunks)
+        self._decoder = SSEDecoder()
+        self._ready: collections.deque[str] = collections.deque()
+        self._ended = False  # the body is read to its end, or left
+
+    def __aiter__(self) -> SSEData:
+        return self
+
+    async def __anext__(self) -> str:
+        ready = self._ready
+        decoder = self._decoder
+        while not ready:
+            if self._ended:
+                raise StopAsyncIteration
+            if decoder.done:  # every payload before [DONE] is taken: now the tail
+                self._ended = True
+                await self._drain()
+                raise StopAsyncIteration
+            try:
+                chunk = await anext(self._chunks)
+            except StopAsyncIteration:
+                self._ended = True
+                ready.extend(decoder.end())
+                continue
+            ready.extend(decoder.feed(chunk))
+        return ready.popleft()
+
+    async def _drain(self) -> None:
+        chunks = self._chunks
+        if isinstance(chunks, ResponseBody) and chunks.received_to_the_end():
+            return  # the tail came with the reply (the usual case): nothing to wait for
+        # The reply is whole: a failure to read its tail only costs the connection.
+        with trio.move_on_after(DRAIN_SECONDS), contextlib.suppress(httpx.HTTPError):
+            async for _ in chunks:
+                pass
+
+    async def aclose(self) -> None:
+        """Stop: nothing more is read (the response itself is closed by its owner)."""
+        self._ended = True
+        self._ready.clear()
 
 
-def sse_data(response: httpx.Response) -> AsyncGenerator[str, None]:
+def aiter_sse_data(chunks: AsyncIterable[bytes]) -> SSEData:
+    """The ``data`` payloads of ``chunks`` (``SSEData``)."""
+    return SSEData(chunks)
+
+
+def sse_data(response: httpx.Response) -> SSEData:
     """The ``data`` payloads of a streamed response (``open_stream`` closes it).
 
     With nothing to decode, the body is read from ``response.stream`` itself, the
@@ -266,14 +313,45 @@ def new_client(
     when a client is made (about 30 ms and 1.5 MB of start-up), and any context needs
     OpenSSL's ``ssl`` module (2.8 MB, ~10 ms); redirects are not followed, so no https
     URL can come of it. A proxy from the environment still gets httpx's own transport,
-    verified as always.
+    verified as always (``environment_proxies``).
     """
     if url.startswith("http://"):
-        return ProviderClient(timeout=timeout, transport=transport or H11Transport())
+        if transport is not None:
+            return ProviderClient(timeout=timeout, transport=transport)
+        return ProviderClient(
+            timeout=timeout, transport=H11Transport(), mounts=environment_proxies(True)
+        )
     context = shared_ssl_context()
+    if transport is not None:
+        return ProviderClient(timeout=timeout, transport=transport, verify=context)
     return ProviderClient(
-        timeout=timeout, transport=transport or H11Transport(context), verify=context
+        timeout=timeout,
+        transport=H11Transport(context),
+        verify=context,
+        mounts=environment_proxies(context),
     )
+
+
+def environment_proxies(
+    verify: ssl.SSLContext | bool,
+) -> dict[str, httpx.AsyncBaseTransport | None]:
+    """The proxies ``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY`` and ``NO_PROXY`` ask for.
+
+    httpx reads them only for a client given no transport of its own, so a client over
+    ``H11Transport`` would send every request straight to the server, whatever the
+    environment says. These are the mounts httpx itself would make from it (its own
+    reading of the environment, NO_PROXY included): each proxy through httpx's transport
+    (httpcore), TLS verified with the client's context; None where NO_PROXY exempts a
+    host, which then goes through the client's own transport. Empty without proxies.
+    """
+    mounts: dict[str, httpx.AsyncBaseTransport | None] = {}
+    for pattern, proxy in get_environment_proxies().items():
+        mounts[pattern] = (
+            None
+            if proxy is None
+            else httpx.AsyncHTTPTransport(proxy=httpx.Proxy(proxy), verify=verify)
+        )
+    return mounts
 
 
 class SetCookieOnly(httpx.Cookies):
@@ -299,6 +377,19 @@ class ProviderClient(httpx.AsyncClient):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self.cookies = options.get("cookies") or {}
+
+    def direct_transport(self, url: httpx.URL) -> H11Transport | None:
+        """The ``H11Transport`` that ``send`` would hand a request for ``url`` to, when
+        nothing on ``send``'s way to it acts: no auth (the client's, or a URL's user and
+        password), no event hooks, no redirects followed. None otherwise, a proxy's
+        transport included (see ``PostTemplate.send``).
+        """
+        if self.auth is not None or self.follow_redirects or url.userinfo:
+            return None
+        if any(self.event_hooks.values()):
+            return None
+        transport = self._transport_for_url(url)
+        return transport if isinstance(transport, H11Transport) else None
 
     @property
     def cookies(self) -> httpx.Cookies:
@@ -326,7 +417,9 @@ class PostTemplate:
     longer way, where httpx puts its Content-Length elsewhere).
     """
 
-    __slots__ = ("_extensions", "_headers", "_raw", "_url", "client", "headers", "url")
+    __slots__ = (
+        "_direct", "_extensions", "_headers", "_raw", "_url", "client", "headers", "url",
+    )  # fmt: skip
 
     def __init__(self, client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> None:
         self.client = client
@@ -336,6 +429,39 @@ class PostTemplate:
         self._headers: httpx.Headers | None = None
         self._raw: list[tuple[bytes, bytes]] = []
         self._extensions: dict[str, Any] = {}
+        self._direct: H11Transport | None = None
+
+    async def send(self, body: bytes) -> httpx.Response:
+        """POST ``body``; the response's body is still to be read (``stream=True``).
+
+        ``AsyncClient.send`` wraps the transport's call in its auth and redirect
+        generators, event hooks, a timer and a stream wrapper: ~35 µs a request of
+        Python that, for the providers' own client, does nothing (no auth, no hooks,
+        redirects not followed). There the request goes straight to the transport
+        ``send`` would pick for the URL (``direct_transport``, decided with the first
+        request), the cookies a response sets are taken and its log line written as
+        ``send`` does. Any other client, a closed one included, is sent through ``send``
+        itself. The transport raises httpx's own errors and applies the request's
+        timeouts (its extensions, the client's ``Timeout``), as under ``send``.
+        """
+        request = self.request(body)
+        client = self.client
+        transport = self._direct
+        if transport is None or client.is_closed:
+            return await client.send(request, stream=True)
+        response = await transport.handle_async_request(request)
+        response.request = request
+        client.cookies.extract_cookies(response)
+        if _httpx_log.isEnabledFor(logging.INFO):  # at debug only (harness.logs): as send
+            _httpx_log.info(
+                'HTTP Request: %s %s "%s %d %s"',
+                request.method,
+                request.url,
+                response.http_version,
+                response.status_code,
+                response.reason_phrase,
+            )
+        return response
 
     def request(self, body: bytes) -> httpx.Request:
         client = self.client
@@ -356,6 +482,8 @@ class PostTemplate:
                 raw = sample.headers.raw
                 if raw and raw[-1][0].lower() == b"content-length":
                     self._raw = raw[:-1]
+                if isinstance(client, ProviderClient):
+                    self._direct = client.direct_transport(request.url)
             return request
         if body and self._raw:
             made = httpx.Request(
@@ -382,7 +510,7 @@ async def open_stream(
     ``client.stream`` does): a body not read to its end takes its connection with it.
     """
     try:
-        response = await post.client.send(post.request(body), stream=True)
+        response = await post.send(body)
         try:
             if response.status_code != 200:
                 raw = await response.aread()
