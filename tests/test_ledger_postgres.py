@@ -396,3 +396,82 @@ async def test_work_heard_of_after_the_supervisor_ended_is_dropped_not_raised(
     assert hooks is not None
     for hook in (hooks.orphan, hooks.wake, hooks.lost, hooks.cancel):
         hook("ses_gone")
+
+
+async def test_a_lease_given_back_with_the_last_writes_rides_their_transaction(
+    postgres_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn's lease goes back in the same transaction as its last events (issue 18),
+    not in one of its own on the control connection that every claim waits for. Another
+    daemon may claim it at once; a stale release (another daemon took the lease since)
+    changes nothing."""
+    async with daemon(postgres_schema) as a, daemon(postgres_schema) as b:
+        await a.write([_created("ses_a")])
+        epoch = await a.claim("ses_a")
+        assert epoch is not None
+
+        def no_release_transaction(held: object) -> None:
+            raise AssertionError("a release made a transaction of its own")
+
+        monkeypatch.setattr(a, "_release_sync", no_release_transaction)
+        batches: list[list[WriteEvents]] = []
+        commit = a._commit
+
+        def counting(batch: list[WriteEvents]) -> list[list[Event] | LedgerFenced]:
+            batches.append(batch)
+            return commit(batch)
+
+        monkeypatch.setattr(a, "_commit", counting)
+        a.post([_titled("ses_a", "last")], fence=("ses_a", epoch))
+        a.post_release("ses_a")
+        assert not a.holds("ses_a")  # not renewed from now on
+        await a.settle("ses_a")
+        assert a.session("ses_a").title == "last"  # type: ignore[union-attr]
+        released = [b for b in batches if any(request.release for request in b)]
+        assert len(released) == 1 and any(r.events for r in released[0])  # one transaction
+        assert await b.claim("ses_a") == epoch + 1
+        # a's stale lease, given back late: b's lease is untouched.
+        a._held["ses_a"] = epoch
+        a.post_release("ses_a")
+        await a.settle("ses_a")
+        assert await a.claim("ses_a") is None
+
+
+async def test_a_turn_gives_its_lease_back_with_its_last_events(
+    postgres_schema: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A one-turn prompt on a shared ledger: the lease is free once the turn has ended,
+    with no release transaction of its own; a second prompt claims it again and runs."""
+    import json
+
+    from harness.runtime import open_harness
+
+    (tmp_path / "model.json").write_text(json.dumps([{"text": "one"}, {"text": "two"}]))
+    config = Config(
+        home=tmp_path / "home",
+        model=f"scripted:{tmp_path / 'model.json'}",
+        ledger=postgres_schema,
+        interactive=False,
+        sandbox="off",
+    )
+    async with open_harness(config) as h:
+        ledger = h.ledger
+        assert isinstance(ledger, PostgresLedger)
+        releases: list[object] = []
+        release_sync = ledger._release_sync
+
+        def recorded(held: object) -> None:
+            releases.append(held)
+            release_sync(held)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(ledger, "_release_sync", recorded)
+        session = await h.create_session(tmp_path)
+        first = await h.run(session.id, "first")
+        assert first.answer == "one"
+        await ledger.settle(session.id)
+        assert not ledger.holds(session.id)
+        row = ledger._rows("SELECT owner, expires FROM leases WHERE session_id = ?", (session.id,))
+        assert row == [(ledger.owner, 0.0)]
+        second = await h.run(session.id, "second")
+        assert second.answer == "two"
+        assert releases == []

@@ -176,6 +176,10 @@ class SessionActor:
         # Claimed for this daemon already (an orphan taken over in a batch), or claim now.
         epoch = self._ledger.held_epoch(self.session_id)
         if epoch is None:
+            # This actor's last writes first (a lease given back with them, a late
+            # title): a claim skips a lease row that an append still has locked, and
+            # would take this daemon's own append for another daemon's claim.
+            await self._ledger.settle(self.session_id)
             epoch = await self._ledger.claim(self.session_id)
         if epoch is None:
             log.debug("session held by another daemon")
@@ -313,7 +317,7 @@ class SessionActor:
         if not session.title and self._services.config.title_model:
             # Off the critical path: the turn never waits for the title, nor fails with it.
             nursery.start_soon(self._write_title, item.text)
-        await self._run_turn(item.id, message)
+        await self._run_turn(item.id, message, may_release=True)
 
     async def _write_title(self, prompt: str) -> None:
         config = self._services.config
@@ -394,9 +398,12 @@ class SessionActor:
 
     # --- a turn: prepared, supervised, recorded ---------------------------------------------
 
-    async def _run_turn(self, message_id: str, message: UserMessage | None = None) -> None:
+    async def _run_turn(
+        self, message_id: str, message: UserMessage | None = None, *, may_release: bool = False
+    ) -> None:
         """Run a claimed turn to its end and record how it ended (``message``: its user
-        message as just written, which then need not be read back)."""
+        message as just written, which then need not be read back; ``may_release``: the
+        lease may go back with the turn's last events, if nothing is queued)."""
         with structlog.contextvars.bound_contextvars(turn=message_id):
             turn = await self._builder.turn(message_id, self._session(), message)
             log.info("turn started")
@@ -421,8 +428,23 @@ class SessionActor:
             self._ledger.post([NewEvent("turn.finished", self.session_id, result.to_dict())])
             if not failed:
                 self._set_status("idle")
+            if may_release and self._idle_after_turn():
+                self._ledger.post_release(self.session_id)
+                self.lease = None
             await self._ledger.flush()
             log.info("turn finished", reason=result.reason)
+
+    def _idle_after_turn(self) -> bool:
+        """Whether this turn leaves the session with nothing to run: its inbox seen empty
+        at the current mark, on a shared ledger. Then the lease goes back in the same
+        transaction as the turn's end (``post_release``), not in one of its own once the
+        actor finds the inbox empty (``_let_go``); input added meanwhile claims it again."""
+        return (
+            self._ledger.cluster
+            and self.lease is not None
+            and not self.lost
+            and self._ledger.inbox_mark(self.session_id) == self._empty_at
+        )
 
     async def _supervise(self, turn: Turn) -> TurnResult:
         """Attempts at ``turn`` until one ends it, restarting a crashed runner by policy."""

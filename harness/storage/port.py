@@ -208,6 +208,12 @@ class LedgerPort(ABC):
         """Give the lease back (a turn ended, nothing queued): any daemon may claim it."""
         return None
 
+    def post_release(self, session_id: str) -> None:
+        """Give the lease back with the writes posted before this call, in their
+        transaction: ``release`` without a transaction of its own (a no-op for one
+        process). Before claiming the session again, ``settle`` it."""
+        return None
+
     def holds(self, session_id: str) -> bool:
         """Whether this process holds the session's lease (always, for one process)."""
         return True

@@ -670,6 +670,12 @@ class PostgresLedger(LedgerPort):
                             )
                         )
                         continue
+                if request.release and request.fence is not None:
+                    writes.add(
+                        "UPDATE leases SET expires = 0"
+                        " WHERE session_id = ? AND epoch = ? AND owner = ?",
+                        (*request.fence, self.owner),
+                    )
                 for digest, data in request.blobs:
                     if digest not in known:
                         known.add(digest)
@@ -1043,6 +1049,19 @@ class PostgresLedger(LedgerPort):
             await trio.to_thread.run_sync(self._release_sync, [(session_id, epoch)])
         except Exception as error:  # it lapses by itself
             log.warning("lease release failed", session_id=session_id, error=_first_line(error))
+
+    def post_release(self, session_id: str) -> None:
+        """The lease goes back in the writer's next transaction, with the turn's last
+        events: a release made its own transaction on the control connection, which
+        every claim of this daemon waits for, once per turn (issue 18). Not held from
+        now on (so not renewed); until that commit the fence still holds for this epoch.
+        """
+        epoch = self._held.pop(session_id, None)
+        if epoch is not None:
+            self._mailbox_send.send_nowait(
+                WriteEvents((), fence=(session_id, epoch), release=True)
+            )
+            self._unsettled[session_id] = self._unsettled.get(session_id, 0) + 1
 
     async def _release_all(self) -> None:
         held, self._held = list(self._held.items()), {}
