@@ -475,3 +475,64 @@ async def test_a_turn_gives_its_lease_back_with_its_last_events(
         second = await h.run(session.id, "second")
         assert second.answer == "two"
         assert releases == []
+
+
+async def test_a_claim_reads_the_sessions_turns_inbox_and_row_in_its_round_trip(
+    postgres_schema: str,
+) -> None:
+    """What a session actor reads once it holds the lease comes with the claim (issue
+    18), read after the lease was taken; a claim that does not get the lease reads
+    nothing."""
+    async with daemon(postgres_schema) as a, daemon(postgres_schema) as b:
+        item = {"id": "msg_1", "session_id": "ses_a", "text": "go", "delivery": "queue",
+                "created": time.time()}  # fmt: skip
+        await a.write([_created("ses_a"), NewEvent("inbox.added", "ses_a", item)])
+        mark = a.inbox_mark("ses_a")
+        assert mark != 0
+        epoch, reads = await a.claim_with_reads("ses_a")
+        assert epoch == 1 and reads is not None
+        assert reads.mark == mark
+        assert [i.id for i in reads.inbox] == ["msg_1"]
+        assert reads.session is not None and reads.session.id == "ses_a"
+        assert reads.turns == []
+        assert await b.claim_with_reads("ses_a") == (None, None)  # held by a
+        epoch, reads = await a.claim_with_reads("ses_gone")
+        assert epoch == 1 and reads is not None
+        assert (reads.inbox, reads.session, reads.turns) == ([], None, [])
+
+
+async def test_a_turn_on_a_fresh_actor_reads_no_turns_inbox_or_row_of_its_own(
+    postgres_schema: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prompt to an idle session: the actor's claim brings the claimed turns, the
+    inbox and the session row, so the only read of the row is the prompt's own."""
+    import json
+
+    from harness.runtime import open_harness
+    from harness.storage import port
+
+    (tmp_path / "model.json").write_text(json.dumps([{"text": "one"}]))
+    config = Config(
+        home=tmp_path / "home",
+        model=f"scripted:{tmp_path / 'model.json'}",
+        ledger=postgres_schema,
+        interactive=False,
+        sandbox="off",
+    )
+    async with open_harness(config) as h:
+        ledger = h.ledger
+        session = await h.create_session(tmp_path)
+        reads: list[str] = []
+        rows = ledger._rows
+
+        def recorded(sql: str, args: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+            reads.append(sql)
+            return rows(sql, args)
+
+        monkeypatch.setattr(ledger, "_rows", recorded)
+        monkeypatch.setattr(ledger, "driven_reads", False)  # every read through ``_rows``
+        result = await h.run(session.id, "go")
+        assert result.answer == "one"
+        assert reads.count(port._SESSION) == 1  # the prompt's
+        assert port._INBOX not in reads
+        assert port._SESSION_TURNS not in reads

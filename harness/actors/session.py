@@ -17,6 +17,7 @@ lives in ``recovery``; titles in ``titles``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from typing import Any
@@ -54,7 +55,7 @@ from harness.providers.base import Provider
 from harness.providers.errors import ProviderError
 from harness.providers.limiter import LimitedProvider
 from harness.providers.retry import RetryNotice
-from harness.storage.port import LedgerError, LedgerFenced, current_lease
+from harness.storage.port import ClaimReads, LedgerError, LedgerFenced, current_lease
 
 log = structlog.get_logger("harness.session")
 
@@ -96,6 +97,10 @@ class SessionActor:
         # (session_id, epoch), carried by every write of this actor's tasks.
         self.lease: tuple[str, int] | None = None
         self.lost = False  # another daemon took the session: stop, write nothing more
+        # What the claim of the lease read in its own round trip: the claimed turns, the
+        # inbox and the row, used once each by the reads that follow it, then dropped.
+        self._claim_reads: ClaimReads | None = None
+        self._saves = 0  # writes of the session row by this actor (``_save``), counted
         self._run_scope: trio.CancelScope | None = None
         self._builder = TurnBuilder(
             services=services,
@@ -179,8 +184,14 @@ class SessionActor:
             # This actor's last writes first (a lease given back with them, a late
             # title): a claim skips a lease row that an append still has locked, and
             # would take this daemon's own append for another daemon's claim.
+            saves = self._saves
             await self._ledger.settle(self.session_id)
-            epoch = await self._ledger.claim(self.session_id)
+            epoch, reads = await self._ledger.claim_with_reads(self.session_id)
+            if reads is not None and self._saves != saves:
+                # This actor wrote its row meanwhile (a late title), perhaps after the
+                # claim read it: the row is read again, once that write has landed.
+                reads = dataclasses.replace(reads, session=None)
+            self._claim_reads = reads
         if epoch is None:
             log.debug("session held by another daemon")
             return False
@@ -222,6 +233,7 @@ class SessionActor:
             mark = self._ledger.inbox_mark(self.session_id)
             inbox = await self._read_inbox(mark)
             if not inbox:
+                self._claim_reads = None
                 await self._let_go()
                 with trio.move_on_after(self._idle_release or math.inf):
                     await self._wake.wait()
@@ -246,7 +258,11 @@ class SessionActor:
         ledger's inbox mark, taken before the read, so input added meanwhile moves it)."""
         if mark == self._empty_at:
             return []
-        inbox = await self._ledger.inbox_async(self.session_id)
+        first = self._claim_reads
+        if first is not None and first.mark == mark:
+            inbox = first.inbox  # read with the claim, and no input seen since
+        else:
+            inbox = await self._ledger.inbox_async(self.session_id)
         self._empty_at = None if inbox else mark
         return inbox
 
@@ -292,9 +308,14 @@ class SessionActor:
         ``empty_at``: the inbox mark at which the inbox held this item alone."""
         # Between turns the row may have been changed through the API (PATCH, refused
         # while a turn runs or input waits): start each turn from the ledger's copy, once
-        # this actor's own last posts (a late title) have landed in it.
-        await self._ledger.settle(self.session_id)
-        session = self._state = await self._ledger.session_async(self.session_id)
+        # this actor's own last posts (a late title) have landed in it. The claim read it
+        # after those had (``_hold`` settles first); unless this actor wrote it since.
+        first, self._claim_reads = self._claim_reads, None
+        session = first.session if first is not None and self._state is None else None
+        if session is None:
+            await self._ledger.settle(self.session_id)
+            session = await self._ledger.session_async(self.session_id)
+        self._state = session
         if session is None:
             raise LookupError(f"session {self.session_id} does not exist")
         events, message = self._take(item, session)
@@ -333,7 +354,14 @@ class SessionActor:
     # --- recovery: turns a crash or a full disk cut short -----------------------------------
 
     async def _resume_claimed(self) -> None:
-        for _, message_id, resumes in await self._ledger.claimed_turns_async(self.session_id):
+        first = self._claim_reads
+        if first is not None:
+            claimed = first.turns
+            if claimed:
+                self._claim_reads = None  # resuming writes: what else it read may change
+        else:
+            claimed = await self._ledger.claimed_turns_async(self.session_id)
+        for _, message_id, resumes in claimed:
             if self.lost:
                 return
             await self._resume(message_id, resumes)
@@ -557,6 +585,7 @@ class SessionActor:
         return self._state
 
     def _save(self, **changes: Any) -> None:
+        self._saves += 1
         self._state = self._session().model_copy(update={**changes, "updated": time.time()})
         self._ledger.post([NewEvent.of("session.updated", self.session_id, self._state)])
 
