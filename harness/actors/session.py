@@ -237,9 +237,9 @@ class SessionActor:
                 await self._let_go()
                 with trio.move_on_after(self._idle_release or math.inf):
                     await self._wake.wait()
-                if not self._wake.is_set() and not self._ledger.inbox(self.session_id):
+                if not self._wake.is_set() and not self._inbox_now():
                     # Idle: let the actor, its provider and its caches go. The inbox was
-                    # read after the last wake was sent (input is committed before its
+                    # seen after the last wake was sent (input is committed before its
                     # wake), and ``closing`` is set before anything else can run.
                     self.closing = True
                     log.debug("idle session actor released")
@@ -252,6 +252,14 @@ class SessionActor:
                 return
             # Once the item is taken, an inbox that held only it is empty as of ``mark``.
             await self._claim(inbox[0], nursery, empty_at=mark if len(inbox) == 1 else None)
+
+    def _inbox_now(self) -> bool:
+        """Whether input waits, without an await: no read while the inbox mark is still
+        the one at which the inbox was seen empty (nothing was added since, here or
+        through the tail; input the tail has not read yet wakes a new actor)."""
+        if self._ledger.inbox_mark(self.session_id) == self._empty_at:
+            return False
+        return bool(self._ledger.inbox(self.session_id))
 
     async def _read_inbox(self, mark: int) -> list[InboxItem]:
         """The inbox, read unless it was seen empty at this very mark (``mark``: the
