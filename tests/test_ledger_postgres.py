@@ -19,7 +19,7 @@ from harness.messages.mailbox import FeedMessage, Publish, WriteEvents
 from harness.messages.model import Session
 from harness.storage.pg_schema import PG_SCHEMA_VERSION
 from harness.storage.port import ClusterHooks, LedgerError, LedgerFenced
-from harness.storage.postgres import LOOP_READERS, PostgresLedger
+from harness.storage.postgres import _CHANGES, LOOP_READERS, PostgresLedger
 
 
 def _created(session_id: str) -> NewEvent:
@@ -536,3 +536,54 @@ async def test_a_turn_on_a_fresh_actor_reads_no_turns_inbox_or_row_of_its_own(
         assert reads.count(port._SESSION) == 1  # the prompt's
         assert port._INBOX not in reads
         assert port._SESSION_TURNS not in reads
+        # The turn's history came with the claim too: the one read of its changes is
+        # the step's own, after it wrote the answer.
+        assert reads.count(_CHANGES) == 1
+
+
+async def test_a_fresh_actor_sends_the_history_its_claim_read_as_a_read_would(
+    postgres_schema: str, tmp_path: Path
+) -> None:
+    """A later turn through a fresh actor (the first one let go when idle) starts from
+    the history its claim read, plus the turn's own first events: the model sees the
+    whole conversation, steps and tool results included, as a fresh read shows it."""
+    import json
+
+    from harness.providers.scripted import ScriptedProvider
+    from harness.runtime import open_harness
+
+    (tmp_path / "notes.txt").write_text("alpha\n")
+    made: list[ScriptedProvider] = []
+    turns = [
+        {"tool_calls": [{"name": "read", "arguments": {"path": "notes.txt"}}]},
+        {"text": "first"},
+        {"text": "second"},
+    ]
+
+    def factory(model: str) -> ScriptedProvider:
+        made.append(ScriptedProvider.from_turns(turns, record=True))
+        return made[-1]
+
+    config = Config(
+        home=tmp_path / "home",
+        model="scripted:unused",
+        provider_factory=factory,
+        ledger=postgres_schema,
+        interactive=False,
+        sandbox="off",
+        session_idle_seconds=0.2,
+    )
+    async with open_harness(config) as h:
+        session = await h.create_session(tmp_path)
+        assert (await h.run(session.id, "one")).answer == "first"
+        with trio.fail_after(5):
+            while session.id in h._supervisor._actors:  # let go when idle: the next is fresh
+                await trio.sleep(0.05)
+        second = await h.run(session.id, "two")
+        assert second.answer == "second", second
+    assert len(made) == 2
+    seen = made[1].requests[0].messages
+    expected = made[0].requests[-1].messages
+    assert len(seen) == len(expected) + 2  # the first answer, then the second prompt
+    assert seen[: len(expected)] == expected
+    assert json.dumps([str(m) for m in seen]).count("alpha") == 1  # the read's output

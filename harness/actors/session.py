@@ -38,7 +38,7 @@ from harness.actors.recovery import (
 from harness.actors.services import Lineage, SessionServices
 from harness.actors.titles import derive_title, model_title
 from harness.actors.turn_builder import SessionHooks, Turn, TurnBuilder
-from harness.history import RESTARTED
+from harness.history import RESTARTED, History
 from harness.messages import ids
 from harness.messages.events import Event, NewEvent, StopReason, TurnResult
 from harness.messages.mailbox import CancelTurn, ClearSession, Publish, SessionMessage
@@ -339,14 +339,19 @@ class SessionActor:
                 "notice": sandbox.notice,
             }
             events.append(NewEvent("sandbox.unavailable", self.session_id, notice))
-        await self._ledger.write(events)
+        written = await self._ledger.write(events)
+        seeded = None
+        if first is not None and first.history is not None:
+            # The history the claim read, and this turn's first events: no read of it.
+            seeded = History(self._ledger, self.session_id)
+            seeded.seed(first.history, written)
         self._empty_at = self._unsteered_at = empty_at
         # Derived, not asked of the model: a run sends no side requests by default.
         self._save(status="busy", error=None, title=session.title or derive_title(item.text))
         if not session.title and self._services.config.title_model:
             # Off the critical path: the turn never waits for the title, nor fails with it.
             nursery.start_soon(self._write_title, item.text)
-        await self._run_turn(item.id, message, may_release=True)
+        await self._run_turn(item.id, message, may_release=True, history=seeded)
 
     async def _write_title(self, prompt: str) -> None:
         config = self._services.config
@@ -435,17 +440,23 @@ class SessionActor:
     # --- a turn: prepared, supervised, recorded ---------------------------------------------
 
     async def _run_turn(
-        self, message_id: str, message: UserMessage | None = None, *, may_release: bool = False
+        self,
+        message_id: str,
+        message: UserMessage | None = None,
+        *,
+        may_release: bool = False,
+        history: History | None = None,
     ) -> None:
         """Run a claimed turn to its end and record how it ended (``message``: its user
         message as just written, which then need not be read back; ``may_release``: the
-        lease may go back with the turn's last events, if nothing is queued)."""
+        lease may go back with the turn's last events, if nothing is queued; ``history``:
+        the session's, already read, for the turn's first attempt)."""
         with structlog.contextvars.bound_contextvars(turn=message_id):
             turn = await self._builder.turn(message_id, self._session(), message)
             log.info("turn started")
             result: TurnResult | None = None
             try:
-                result = await self._supervise(turn)
+                result = await self._supervise(turn, history)
             except LedgerError as error:
                 await self._ledger_failed(message_id, error)
                 return
@@ -482,13 +493,15 @@ class SessionActor:
             and self._ledger.inbox_mark(self.session_id) == self._empty_at
         )
 
-    async def _supervise(self, turn: Turn) -> TurnResult:
-        """Attempts at ``turn`` until one ends it, restarting a crashed runner by policy."""
+    async def _supervise(self, turn: Turn, history: History | None = None) -> TurnResult:
+        """Attempts at ``turn`` until one ends it, restarting a crashed runner by policy
+        (``history``: for the first attempt; a restarted one reads it afresh)."""
         while True:
+            seeded, history = history, None
             try:
                 with trio.CancelScope() as scope:
                     self._turn_scope = scope
-                    return await self._attempt(turn)
+                    return await self._attempt(turn, seeded)
                 # Only a cancel of this scope lands here (CancelTurn).
                 return await self._stopped(turn.message_id, "cancelled", "cancelled")
             except ProviderError as error:
@@ -518,11 +531,11 @@ class SessionActor:
             finally:
                 self._turn_scope = None
 
-    async def _attempt(self, turn: Turn) -> TurnResult:
+    async def _attempt(self, turn: Turn, history: History | None = None) -> TurnResult:
         """One run of the turn's runner, with a tool executor of its own beside it."""
         session = self._session()
         provider = await self._provider_of(session)
-        runner, executor = self._builder.build(turn, session, provider)
+        runner, executor = self._builder.build(turn, session, provider, history)
         result: list[TurnResult] = []
 
         async def run_runner() -> None:

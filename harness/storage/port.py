@@ -56,6 +56,8 @@ log = structlog.get_logger("harness.ledger")
 _MESSAGE: TypeAdapter[Message] = TypeAdapter(Message, config=ConfigDict(defer_build=True))
 _PART: TypeAdapter[Part] = TypeAdapter(Part, config=ConfigDict(defer_build=True))
 _MAX_BATCH = 1024
+# The events whose projections write a session's messages and parts.
+_MESSAGE_EVENTS = frozenset(("message.created", "message.updated", "part.created", "part.updated"))
 # The reads that a turn or a step makes, each with a synchronous and an async caller.
 _SESSION = "SELECT data FROM sessions WHERE id = ?"
 _INBOX = "SELECT data FROM inbox WHERE session_id = ? ORDER BY seq"
@@ -108,6 +110,9 @@ class ClaimReads:
     turns: list[tuple[str, str, int]]  # the session's claimed turns, as ``claimed_turns``
     inbox: list[InboxItem]
     session: Session | None
+    # Its messages and parts, as ``changes(session_id, 0)``: under the lease, only the
+    # claimant writes more of them, so a turn's history starts from these.
+    history: tuple[list[Message], list[Part], int] | None = None
 
 
 class LedgerError(Exception):
@@ -170,6 +175,9 @@ class LedgerPort(ABC):
         # again while the mark is still M (``inbox_mark``).
         self._inbox_marks: dict[str, int] = {}
         self._inbox_additions = 0
+        # Per session, the seq of the last event this process has seen commit that
+        # changed its messages or parts (``message_mark``).
+        self._message_marks: dict[str, int] = {}
         # Per session, the writes made under its lease (``fence``) not yet answered by
         # the writer: while there are none, ``settle`` has nothing to wait for.
         self._unsettled: dict[str, int] = {}
@@ -315,11 +323,20 @@ class LedgerPort(ABC):
         """
         return self._inbox_marks.get(session_id, 0)
 
+    def message_mark(self, session_id: str) -> int:
+        """The seq of the last commit of the session's messages or parts seen here: by
+        this process's writer (before it answers) or read from another daemon's by the
+        tail. While it has not moved, this process has written none of them."""
+        return self._message_marks.get(session_id, 0)
+
     def _saw_inbox(self, events: Sequence[Event]) -> None:
         for event in events:
-            if event.type == "inbox.added":
+            kind = event.type
+            if kind == "inbox.added":
                 self._inbox_additions += 1  # a counter, never reused: marks never repeat
                 self._inbox_marks[event.session_id] = self._inbox_additions
+            elif kind in _MESSAGE_EVENTS and event.seq is not None:
+                self._message_marks[event.session_id] = event.seq
 
     def recover(self) -> None:
         """Accept writes again after a failure (new input: there may be space now)."""

@@ -192,13 +192,15 @@ _PIECES: dict[str, tuple[bytes, ...]] = {}
 _CLAIM_READS = (
     "; SELECT session_id, message_id, resumes FROM turns WHERE session_id = %s"
     " ORDER BY started; SELECT data FROM inbox WHERE session_id = %s ORDER BY seq;"
-    " SELECT data FROM sessions WHERE id = %s"
+    " SELECT data FROM sessions WHERE id = %s;"
+    " SELECT 0, seq, created_seq, data FROM messages WHERE session_id = %s"
+    " UNION ALL SELECT 1, seq, seq, data FROM parts WHERE session_id = %s ORDER BY 1, 3"
 )
 # A claim's epoch, the previous owner if another, and with reads their rows.
 _ClaimOutcome = tuple[
     int,
     str | None,
-    tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], list[tuple[Any, ...]]] | None,
+    tuple[list[tuple[Any, ...]], ...] | None,
 ]
 _CHANGES = (
     "SELECT 0, seq, created_seq, data FROM messages WHERE session_id = ? AND seq > ?"
@@ -1003,8 +1005,9 @@ class PostgresLedger(LedgerPort):
         return (await self._claim(session_id, reads=False))[0]
 
     async def claim_with_reads(self, session_id: str) -> tuple[int | None, ClaimReads | None]:
-        """``claim``, with the session's claimed turns, inbox and row read in the same
-        round trip, after the lease was taken (a session actor's next three reads)."""
+        """``claim``, with the session's claimed turns, inbox, row, messages and parts
+        read in the same round trip, after the lease was taken (a session actor's next
+        reads)."""
         return await self._claim(session_id, reads=True)
 
     async def _claim(
@@ -1024,12 +1027,13 @@ class PostgresLedger(LedgerPort):
         epoch, previous, read = outcome
         claim_reads = None
         if read is not None:
-            turns, inbox, session = read
+            turns, inbox, session, history = read
             claim_reads = ClaimReads(
                 mark,
                 [(row[0], row[1], int(row[2])) for row in turns],
                 [InboxItem.model_validate_json(row[0]) for row in inbox],
                 Session.model_validate_json(session[0][0]) if session else None,
+                _changes(history, 0),
             )
         self._held[session_id] = epoch
         if previous is not None and previous != self.owner:
@@ -1070,14 +1074,14 @@ class PostgresLedger(LedgerPort):
                     " RETURNING l.epoch, old.owner"
                     + (_CLAIM_READS if reads else ""),
                     (session_id, session_id, self.owner, self.owner, self.lease_seconds,
-                     self.owner, *((session_id,) * 3 if reads else ())),
+                     self.owner, *((session_id,) * 5 if reads else ())),
                 )  # fmt: skip
                 sets = _result_sets(cursor)
             rows = sets[1]
             if not rows:
                 return None  # another daemon's lease has not lapsed, or the row is busy
             epoch, owner = int(rows[0][0]), str(rows[0][1])
-            read = (sets[2], sets[3], sets[4]) if reads else None
+            read = tuple(sets[2:6]) if reads else None
             return epoch, (owner or None) if owner != self.owner else None, read
 
         try:
