@@ -170,7 +170,10 @@ class History:
                 continue
             mark = max(mark, event.seq or 0)
         self._apply(messages, parts, mark)
-        self._complete_at = self._ledger.message_mark(self.session_id)
+        # Complete only if the last such commit seen here is the one just applied: any
+        # later one (not the caller's) is read at the next catch-up.
+        if self._ledger.message_mark(self.session_id) == mark:
+            self._complete_at = mark
 
     def sync(self) -> None:
         self._complete_at = None

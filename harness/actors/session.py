@@ -98,7 +98,7 @@ class SessionActor:
         self.lease: tuple[str, int] | None = None
         self.lost = False  # another daemon took the session: stop, write nothing more
         # What the claim of the lease read in its own round trip: the claimed turns, the
-        # inbox and the row, used once each by the reads that follow it, then dropped.
+        # inbox, the row and the history, used once each by the reads that follow it.
         self._claim_reads: ClaimReads | None = None
         self._saves = 0  # writes of the session row by this actor (``_save``), counted
         self._run_scope: trio.CancelScope | None = None
