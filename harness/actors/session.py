@@ -387,21 +387,23 @@ class SessionActor:
                 # Cancelled through another daemon while no daemon could act on it (its
                 # holder had died): the cancel holds, the turn does not carry on.
                 stopped = await self._stopped(message_id, "cancelled", "cancelled")
-                await self._ledger.write(
-                    [NewEvent("turn.finished", self.session_id, stopped.to_dict())]
-                )
+                # The turn's end and the session's status in one commit, as at any turn's
+                # end: whoever sees the turn finished reads the session as it ended.
+                self._ledger.post([NewEvent("turn.finished", self.session_id, stopped.to_dict())])
                 self._set_status("idle")
+                await self._ledger.flush()
                 log.info("turn cancelled before it could resume")
                 return
             if resumes >= MAX_RESUMES:
                 reason = f"the turn was resumed {resumes} times after restarts and kept failing"
                 log.error("turn abandoned", resumes=resumes)
-                await self._ledger.write(
+                self._ledger.post(
                     end_turn(
                         self._ledger, self.session_id, message_id, closed_as=RESTARTED, error=reason
                     )
                 )
-                self._set_status("error", reason)
+                self._set_status("error", reason)  # in the same commit as turn.finished
+                await self._ledger.flush()
                 return
             read_only = frozenset(n for n, t in self._services.tools.items() if t.read_only)
             await self._ledger.write(
