@@ -10,8 +10,10 @@ produces the same request).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from harness.messages.events import Event
 from harness.messages.model import (
     AssistantMessage,
     CompactionPart,
@@ -24,7 +26,7 @@ from harness.messages.model import (
     UserMessage,
 )
 from harness.messages.provider import AssistantTurn, ChatMessage, ToolCall, ToolResult, UserTurn
-from harness.storage.port import LedgerPort
+from harness.storage.port import _MESSAGE, _PART, LedgerPort
 
 INTERRUPTED = "the tool call was interrupted before it finished"
 # What a restart writes on the work it closes. A step whose stream a restart cut off ran
@@ -145,13 +147,44 @@ class History:
         self._replies = 0  # all messages
         self._view: _View | None = None
         self._view_changed: set[str] = set()  # messages changed since the view was built
+        # Set by ``seed``: the ledger's ``message_mark`` at which this history holds every
+        # message and part of the session, so that a catch-up then has nothing to read.
+        self._complete_at: int | None = None
+
+    def seed(
+        self, rows: tuple[list[Message], list[Part], int], written: Sequence[Event]
+    ) -> None:
+        """Start from rows the caller has already, as if read by ``sync``: ``rows``, what
+        the claim of the session's lease read (``changes`` after 0), and ``written``, the
+        events its holder committed since, as committed (redacted as stored). The caller
+        vouches that nothing else was written since (the lease's fence keeps others
+        out); once this process commits or hears of another change of the session's
+        messages or parts (``message_mark`` moves), the next catch-up reads again."""
+        messages, parts, mark = list(rows[0]), list(rows[1]), rows[2]
+        for event in written:
+            if event.type in ("message.created", "message.updated"):
+                messages.append(_MESSAGE.validate_json(json.dumps(event.data)))
+            elif event.type in ("part.created", "part.updated"):
+                parts.append(_PART.validate_json(json.dumps(event.data)))
+            else:
+                continue
+            mark = max(mark, event.seq or 0)
+        self._apply(messages, parts, mark)
+        # Complete only if the last such commit seen here is the one just applied: any
+        # later one (not the caller's) is read at the next catch-up.
+        if self._ledger.message_mark(self.session_id) == mark:
+            self._complete_at = mark
 
     def sync(self) -> None:
+        self._complete_at = None
         self._apply(*self._ledger.changes(self.session_id, self.mark))
 
     async def catch_up(self) -> None:
         """``sync``, with the read made as the event loop's hot reads are (the loop is
         free while a database server answers: ``LedgerPort.changes_async``)."""
+        complete_at, self._complete_at = self._complete_at, None
+        if complete_at is not None and self._ledger.message_mark(self.session_id) == complete_at:
+            return  # seeded, and nothing written since: a turn's first read (issue 18)
         self._apply(*await self._ledger.changes_async(self.session_id, self.mark))
 
     def _apply(self, messages: list[Message], parts: list[Part], mark: int) -> None:

@@ -343,6 +343,13 @@ async def test_a_turn_resumed_too_often_fails_with_a_clear_reason(
     assert provider.requests == [] and not counter.exists()
     [tool] = [p for m in transcript for p in m.parts if isinstance(p, ToolPart)]
     assert isinstance(tool.state, ToolError)
+    # The error status is committed with turn.finished, not after it: a client that
+    # reads the session once it sees the turn end found it still busy (a flaky test).
+    async with open_harness(config_for(home, provider)) as h:
+        events = h.ledger.events_after(0, session_ids=[session.id], limit=10_000)
+    [end] = [e for e in events if e.type == "turn.finished"]
+    [failed] = [e for e in events if e.type == "session.updated" and e.data["status"] == "error"]
+    assert failed.ts == end.ts  # one commit
 
 
 # --- the daemon killed with SIGKILL ---------------------------------------------------------

@@ -14,9 +14,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import pytest
 import trio
 
 from harness.config import Config
+from harness.messages.model import InboxItem
 from harness.messages.provider import ProviderRequest, StreamEvent
 from harness.providers.openai import OpenAIProvider
 from harness.providers.scripted import ScriptedProvider
@@ -87,3 +89,39 @@ async def test_an_idle_session_lets_its_actor_and_provider_go(
         assert (await h.run(session.id, "two")).answer == "second"
         assert len(made) == 2
         assert [len(p.requests[0].messages) for p in made] == [1, 3]
+
+
+async def test_an_idle_actor_lets_go_without_reading_an_inbox_it_saw_empty(
+    tmp_path: Path, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The idle check asks the inbox mark first (issue 18): nothing added since the
+    inbox was seen empty, no read. A prompt sent after the actor let go still runs."""
+    Closing.closed = 0
+
+    def factory(model: str) -> Closing:
+        base = ScriptedProvider.from_turns([{"text": "first"}, {"text": "second"}])
+        return Closing(base.turns, record=True)
+
+    config = Config(
+        home=tmp_path / "home",
+        model="scripted:unused",
+        provider_factory=factory,
+        interactive=False,
+        session_idle_seconds=0.2,
+    )
+    async with open_harness(config) as h:
+        session = await h.create_session(project)
+        assert (await h.run(session.id, "one")).answer == "first"
+        reads: list[str] = []
+        inbox = h.ledger.inbox
+
+        def counted(session_id: str) -> list[InboxItem]:
+            reads.append(session_id)
+            return inbox(session_id)
+
+        monkeypatch.setattr(h.ledger, "inbox", counted)
+        with trio.fail_after(5):
+            while Closing.closed == 0:
+                await trio.sleep(0.02)
+        assert reads == []
+        assert (await h.run(session.id, "two")).answer == "second"

@@ -48,6 +48,23 @@ MAX_STEPS_PROMPT = (
 )
 STEP_LIMIT_REFUSAL = "tools are disabled: the step limit was reached; answer with text only"
 DOOM_LOOP_THRESHOLD = 3
+# Tokens of each tool's parameter schema, by the schema object (kept, so that its id is
+# not reused while cached): a turn's runner counted the same ~14 schemas through
+# json.dumps again at every turn start (issue 18). Bounded for MCP servers that list
+# fresh schemas on every change.
+_SCHEMA_TOKENS: dict[int, tuple[dict[str, object], int]] = {}
+_SCHEMA_TOKENS_MAX = 1024
+
+
+def _schema_tokens(parameters: dict[str, object]) -> int:
+    cached = _SCHEMA_TOKENS.get(id(parameters))
+    if cached is not None and cached[0] is parameters:
+        return cached[1]
+    tokens = estimate_tokens(json.dumps(parameters))
+    if len(_SCHEMA_TOKENS) >= _SCHEMA_TOKENS_MAX:
+        _SCHEMA_TOKENS.clear()
+    _SCHEMA_TOKENS[id(parameters)] = (parameters, tokens)
+    return tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +147,7 @@ class Runner:
 
     def _count_fixed(self) -> int:
         return sum(estimate_tokens(text) for text in self._system) + sum(
-            estimate_tokens(json.dumps(spec.parameters)) + estimate_tokens(spec.description)
+            _schema_tokens(spec.parameters) + estimate_tokens(spec.description)
             for spec in self._tool_specs
         )
 

@@ -17,6 +17,7 @@ lives in ``recovery``; titles in ``titles``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from typing import Any
@@ -37,7 +38,7 @@ from harness.actors.recovery import (
 from harness.actors.services import Lineage, SessionServices
 from harness.actors.titles import derive_title, model_title
 from harness.actors.turn_builder import SessionHooks, Turn, TurnBuilder
-from harness.history import RESTARTED
+from harness.history import RESTARTED, History
 from harness.messages import ids
 from harness.messages.events import Event, NewEvent, StopReason, TurnResult
 from harness.messages.mailbox import CancelTurn, ClearSession, Publish, SessionMessage
@@ -54,7 +55,7 @@ from harness.providers.base import Provider
 from harness.providers.errors import ProviderError
 from harness.providers.limiter import LimitedProvider
 from harness.providers.retry import RetryNotice
-from harness.storage.port import LedgerError, LedgerFenced, current_lease
+from harness.storage.port import ClaimReads, LedgerError, LedgerFenced, current_lease
 
 log = structlog.get_logger("harness.session")
 
@@ -96,6 +97,10 @@ class SessionActor:
         # (session_id, epoch), carried by every write of this actor's tasks.
         self.lease: tuple[str, int] | None = None
         self.lost = False  # another daemon took the session: stop, write nothing more
+        # What the claim of the lease read in its own round trip: the claimed turns, the
+        # inbox, the row and the history, used once each by the reads that follow it.
+        self._claim_reads: ClaimReads | None = None
+        self._saves = 0  # writes of the session row by this actor (``_save``), counted
         self._run_scope: trio.CancelScope | None = None
         self._builder = TurnBuilder(
             services=services,
@@ -176,7 +181,17 @@ class SessionActor:
         # Claimed for this daemon already (an orphan taken over in a batch), or claim now.
         epoch = self._ledger.held_epoch(self.session_id)
         if epoch is None:
-            epoch = await self._ledger.claim(self.session_id)
+            # This actor's last writes first (a lease given back with them, a late
+            # title): a claim skips a lease row that an append still has locked, and
+            # would take this daemon's own append for another daemon's claim.
+            saves = self._saves
+            await self._ledger.settle(self.session_id)
+            epoch, reads = await self._ledger.claim_with_reads(self.session_id)
+            if reads is not None and self._saves != saves:
+                # This actor wrote its row meanwhile (a late title), perhaps after the
+                # claim read it: the row is read again, once that write has landed.
+                reads = dataclasses.replace(reads, session=None)
+            self._claim_reads = reads
         if epoch is None:
             log.debug("session held by another daemon")
             return False
@@ -218,12 +233,13 @@ class SessionActor:
             mark = self._ledger.inbox_mark(self.session_id)
             inbox = await self._read_inbox(mark)
             if not inbox:
+                self._claim_reads = None
                 await self._let_go()
                 with trio.move_on_after(self._idle_release or math.inf):
                     await self._wake.wait()
-                if not self._wake.is_set() and not self._ledger.inbox(self.session_id):
+                if not self._wake.is_set() and not self._inbox_now():
                     # Idle: let the actor, its provider and its caches go. The inbox was
-                    # read after the last wake was sent (input is committed before its
+                    # seen after the last wake was sent (input is committed before its
                     # wake), and ``closing`` is set before anything else can run.
                     self.closing = True
                     log.debug("idle session actor released")
@@ -237,12 +253,24 @@ class SessionActor:
             # Once the item is taken, an inbox that held only it is empty as of ``mark``.
             await self._claim(inbox[0], nursery, empty_at=mark if len(inbox) == 1 else None)
 
+    def _inbox_now(self) -> bool:
+        """Whether input waits, without an await: no read while the inbox mark is still
+        the one at which the inbox was seen empty (nothing was added since, here or
+        through the tail; input the tail has not read yet wakes a new actor)."""
+        if self._ledger.inbox_mark(self.session_id) == self._empty_at:
+            return False
+        return bool(self._ledger.inbox(self.session_id))
+
     async def _read_inbox(self, mark: int) -> list[InboxItem]:
         """The inbox, read unless it was seen empty at this very mark (``mark``: the
         ledger's inbox mark, taken before the read, so input added meanwhile moves it)."""
         if mark == self._empty_at:
             return []
-        inbox = await self._ledger.inbox_async(self.session_id)
+        first = self._claim_reads
+        if first is not None and first.mark == mark:
+            inbox = first.inbox  # read with the claim, and no input seen since
+        else:
+            inbox = await self._ledger.inbox_async(self.session_id)
         self._empty_at = None if inbox else mark
         return inbox
 
@@ -288,9 +316,14 @@ class SessionActor:
         ``empty_at``: the inbox mark at which the inbox held this item alone."""
         # Between turns the row may have been changed through the API (PATCH, refused
         # while a turn runs or input waits): start each turn from the ledger's copy, once
-        # this actor's own last posts (a late title) have landed in it.
-        await self._ledger.settle(self.session_id)
-        session = self._state = await self._ledger.session_async(self.session_id)
+        # this actor's own last posts (a late title) have landed in it. The claim read it
+        # after those had (``_hold`` settles first); unless this actor wrote it since.
+        first, self._claim_reads = self._claim_reads, None
+        session = first.session if first is not None and self._state is None else None
+        if session is None:
+            await self._ledger.settle(self.session_id)
+            session = await self._ledger.session_async(self.session_id)
+        self._state = session
         if session is None:
             raise LookupError(f"session {self.session_id} does not exist")
         events, message = self._take(item, session)
@@ -306,14 +339,19 @@ class SessionActor:
                 "notice": sandbox.notice,
             }
             events.append(NewEvent("sandbox.unavailable", self.session_id, notice))
-        await self._ledger.write(events)
+        written = await self._ledger.write(events)
+        seeded = None
+        if first is not None and first.history is not None:
+            # The history the claim read, and this turn's first events: no read of it.
+            seeded = History(self._ledger, self.session_id)
+            seeded.seed(first.history, written)
         self._empty_at = self._unsteered_at = empty_at
         # Derived, not asked of the model: a run sends no side requests by default.
         self._save(status="busy", error=None, title=session.title or derive_title(item.text))
         if not session.title and self._services.config.title_model:
             # Off the critical path: the turn never waits for the title, nor fails with it.
             nursery.start_soon(self._write_title, item.text)
-        await self._run_turn(item.id, message)
+        await self._run_turn(item.id, message, may_release=True, history=seeded)
 
     async def _write_title(self, prompt: str) -> None:
         config = self._services.config
@@ -329,7 +367,14 @@ class SessionActor:
     # --- recovery: turns a crash or a full disk cut short -----------------------------------
 
     async def _resume_claimed(self) -> None:
-        for _, message_id, resumes in await self._ledger.claimed_turns_async(self.session_id):
+        first = self._claim_reads
+        if first is not None:
+            claimed = first.turns
+            if claimed:
+                self._claim_reads = None  # resuming writes: what else it read may change
+        else:
+            claimed = await self._ledger.claimed_turns_async(self.session_id)
+        for _, message_id, resumes in claimed:
             if self.lost:
                 return
             await self._resume(message_id, resumes)
@@ -342,21 +387,23 @@ class SessionActor:
                 # Cancelled through another daemon while no daemon could act on it (its
                 # holder had died): the cancel holds, the turn does not carry on.
                 stopped = await self._stopped(message_id, "cancelled", "cancelled")
-                await self._ledger.write(
-                    [NewEvent("turn.finished", self.session_id, stopped.to_dict())]
-                )
+                # The turn's end and the session's status in one commit, as at any turn's
+                # end: whoever sees the turn finished reads the session as it ended.
+                self._ledger.post([NewEvent("turn.finished", self.session_id, stopped.to_dict())])
                 self._set_status("idle")
+                await self._ledger.flush()
                 log.info("turn cancelled before it could resume")
                 return
             if resumes >= MAX_RESUMES:
                 reason = f"the turn was resumed {resumes} times after restarts and kept failing"
                 log.error("turn abandoned", resumes=resumes)
-                await self._ledger.write(
+                self._ledger.post(
                     end_turn(
                         self._ledger, self.session_id, message_id, closed_as=RESTARTED, error=reason
                     )
                 )
-                self._set_status("error", reason)
+                self._set_status("error", reason)  # in the same commit as turn.finished
+                await self._ledger.flush()
                 return
             read_only = frozenset(n for n, t in self._services.tools.items() if t.read_only)
             await self._ledger.write(
@@ -394,15 +441,24 @@ class SessionActor:
 
     # --- a turn: prepared, supervised, recorded ---------------------------------------------
 
-    async def _run_turn(self, message_id: str, message: UserMessage | None = None) -> None:
+    async def _run_turn(
+        self,
+        message_id: str,
+        message: UserMessage | None = None,
+        *,
+        may_release: bool = False,
+        history: History | None = None,
+    ) -> None:
         """Run a claimed turn to its end and record how it ended (``message``: its user
-        message as just written, which then need not be read back)."""
+        message as just written, which then need not be read back; ``may_release``: the
+        lease may go back with the turn's last events, if nothing is queued; ``history``:
+        the session's, already read, for the turn's first attempt)."""
         with structlog.contextvars.bound_contextvars(turn=message_id):
             turn = await self._builder.turn(message_id, self._session(), message)
             log.info("turn started")
             result: TurnResult | None = None
             try:
-                result = await self._supervise(turn)
+                result = await self._supervise(turn, history)
             except LedgerError as error:
                 await self._ledger_failed(message_id, error)
                 return
@@ -421,16 +477,33 @@ class SessionActor:
             self._ledger.post([NewEvent("turn.finished", self.session_id, result.to_dict())])
             if not failed:
                 self._set_status("idle")
+            if may_release and self._idle_after_turn():
+                self._ledger.post_release(self.session_id)
+                self.lease = None
             await self._ledger.flush()
             log.info("turn finished", reason=result.reason)
 
-    async def _supervise(self, turn: Turn) -> TurnResult:
-        """Attempts at ``turn`` until one ends it, restarting a crashed runner by policy."""
+    def _idle_after_turn(self) -> bool:
+        """Whether this turn leaves the session with nothing to run: its inbox seen empty
+        at the current mark, on a shared ledger. Then the lease goes back in the same
+        transaction as the turn's end (``post_release``), not in one of its own once the
+        actor finds the inbox empty (``_let_go``); input added meanwhile claims it again."""
+        return (
+            self._ledger.cluster
+            and self.lease is not None
+            and not self.lost
+            and self._ledger.inbox_mark(self.session_id) == self._empty_at
+        )
+
+    async def _supervise(self, turn: Turn, history: History | None = None) -> TurnResult:
+        """Attempts at ``turn`` until one ends it, restarting a crashed runner by policy
+        (``history``: for the first attempt; a restarted one reads it afresh)."""
         while True:
+            seeded, history = history, None
             try:
                 with trio.CancelScope() as scope:
                     self._turn_scope = scope
-                    return await self._attempt(turn)
+                    return await self._attempt(turn, seeded)
                 # Only a cancel of this scope lands here (CancelTurn).
                 return await self._stopped(turn.message_id, "cancelled", "cancelled")
             except ProviderError as error:
@@ -460,11 +533,11 @@ class SessionActor:
             finally:
                 self._turn_scope = None
 
-    async def _attempt(self, turn: Turn) -> TurnResult:
+    async def _attempt(self, turn: Turn, history: History | None = None) -> TurnResult:
         """One run of the turn's runner, with a tool executor of its own beside it."""
         session = self._session()
         provider = await self._provider_of(session)
-        runner, executor = self._builder.build(turn, session, provider)
+        runner, executor = self._builder.build(turn, session, provider, history)
         result: list[TurnResult] = []
 
         async def run_runner() -> None:
@@ -535,6 +608,7 @@ class SessionActor:
         return self._state
 
     def _save(self, **changes: Any) -> None:
+        self._saves += 1
         self._state = self._session().model_copy(update={**changes, "updated": time.time()})
         self._ledger.post([NewEvent.of("session.updated", self.session_id, self._state)])
 

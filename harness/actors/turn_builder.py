@@ -112,9 +112,10 @@ class TurnBuilder:
         return tuple(skills)
 
     def build(
-        self, turn: Turn, session: Session, provider: Provider
+        self, turn: Turn, session: Session, provider: Provider, history: History | None = None
     ) -> tuple[Runner, ToolExecutor]:
-        """One attempt at ``turn``: its executor (not started yet) and the runner using it."""
+        """One attempt at ``turn``: its executor (not started yet) and the runner using it
+        (``history``: the session's, already read; else read afresh)."""
         services = self.services
         config = services.config
         ledger = services.ledger
@@ -183,7 +184,7 @@ class TurnBuilder:
             tool_specs=specs,
             tool_source=source,
             max_steps=turn_steps or config.max_steps or agent.steps,
-            ledger_history=History(ledger, session.id),
+            ledger_history=history or History(ledger, session.id),
             ledger_post=ledger.post,
             ledger_flush=ledger.flush,
             take_steered=self.hooks.take_steered,

@@ -67,6 +67,9 @@ class WriteEvents:
     # The lease the writing session actor holds, (session_id, epoch): a shared ledger
     # refuses the write once another daemon has taken the session (DESIGN §14).
     fence: tuple[str, int] | None = None
+    # With ``fence``: give that lease back in the same transaction (a turn's last write
+    # with nothing queued), instead of a transaction of its own (issue 18).
+    release: bool = False
 
 
 # --- event feed ----------------------------------------------------------------------------

@@ -41,11 +41,18 @@ import trio
 
 from harness.messages.events import Event
 from harness.messages.mailbox import FeedMessage, Publish, RegisterChild, WriteEvents
-from harness.messages.model import Message, Part
+from harness.messages.model import InboxItem, Message, Part, Session
 from harness.storage.ledger import stored_text
 from harness.storage.pg_live import LiveRelay
 from harness.storage.pg_schema import PG_MIGRATIONS, PG_SCHEMA_VERSION
-from harness.storage.port import _MESSAGE, _PART, LedgerError, LedgerFenced, LedgerPort
+from harness.storage.port import (
+    _MESSAGE,
+    _PART,
+    ClaimReads,
+    LedgerError,
+    LedgerFenced,
+    LedgerPort,
+)
 from harness.storage.projections import PROJECTIONS
 
 if TYPE_CHECKING:
@@ -243,6 +250,20 @@ def _result_sets(cursor: psycopg.Cursor[tuple[Any, ...]]) -> list[list[tuple[Any
 
 
 _PIECES: dict[str, tuple[bytes, ...]] = {}
+# What a session actor reads once it holds its lease (``ClaimReads``), sent with its claim.
+_CLAIM_READS = (
+    "; SELECT session_id, message_id, resumes FROM turns WHERE session_id = %s"
+    " ORDER BY started; SELECT data FROM inbox WHERE session_id = %s ORDER BY seq;"
+    " SELECT data FROM sessions WHERE id = %s;"
+    " SELECT 0, seq, created_seq, data FROM messages WHERE session_id = %s"
+    " UNION ALL SELECT 1, seq, seq, data FROM parts WHERE session_id = %s ORDER BY 1, 3"
+)
+# A claim's epoch, the previous owner if another, and with reads their rows.
+_ClaimOutcome = tuple[
+    int,
+    str | None,
+    tuple[list[tuple[Any, ...]], ...] | None,
+]
 _CHANGES = (
     "SELECT 0, seq, created_seq, data FROM messages WHERE session_id = ? AND seq > ?"
     " UNION ALL SELECT 1, seq, seq, data FROM parts WHERE session_id = ? AND seq > ?"
@@ -742,6 +763,12 @@ class PostgresLedger(LedgerPort):
                             )
                         )
                         continue
+                if request.release and request.fence is not None:
+                    writes.add(
+                        "UPDATE leases SET expires = 0"
+                        " WHERE session_id = ? AND epoch = ? AND owner = ?",
+                        (*request.fence, self.owner),
+                    )
                 for digest, data in request.blobs:
                     if digest not in known:
                         known.add(digest)
@@ -1075,8 +1102,20 @@ class PostgresLedger(LedgerPort):
         A lease that lapsed (its holder died or was cut off) is taken with the next
         epoch, and the change of hands is recorded as ``session.leased``.
         """
+        return (await self._claim(session_id, reads=False))[0]
+
+    async def claim_with_reads(self, session_id: str) -> tuple[int | None, ClaimReads | None]:
+        """``claim``, with the session's claimed turns, inbox, row, messages and parts
+        read in the same round trip, after the lease was taken (a session actor's next
+        reads)."""
+        return await self._claim(session_id, reads=True)
+
+    async def _claim(
+        self, session_id: str, *, reads: bool
+    ) -> tuple[int | None, ClaimReads | None]:
+        mark = self.inbox_mark(session_id)  # before the inbox is read: later input moves it
         try:
-            outcome = await trio.to_thread.run_sync(self._claim_sync, session_id)
+            outcome = await trio.to_thread.run_sync(self._claim_sync, session_id, reads)
         except LedgerError as error:
             log.warning("lease claim failed", session_id=session_id, error=str(error))
             outcome = None
@@ -1084,8 +1123,18 @@ class PostgresLedger(LedgerPort):
             # The row was busy (another daemon's claim has it locked), yet this daemon
             # may hold the lease: taken over by its orphan scan while this claim ran.
             # Answering None then would leave a lease renewed here that no actor runs.
-            return self._held.get(session_id)
-        epoch, previous = outcome
+            return self._held.get(session_id), None
+        epoch, previous, read = outcome
+        claim_reads = None
+        if read is not None:
+            turns, inbox, session, history = read
+            claim_reads = ClaimReads(
+                mark,
+                [(row[0], row[1], int(row[2])) for row in turns],
+                [InboxItem.model_validate_json(row[0]) for row in inbox],
+                Session.model_validate_json(session[0][0]) if session else None,
+                _changes(history, 0),
+            )
         self._held[session_id] = epoch
         if previous is not None and previous != self.owner:
             data = {"session_id": session_id, "owner": self.owner, "epoch": epoch, "from": previous}
@@ -1097,17 +1146,19 @@ class PostgresLedger(LedgerPort):
                 )
             except LedgerError:
                 self._held.pop(session_id, None)
-                return None
+                return None, None
             log.info("session taken over", session_id=session_id, epoch=epoch, previous=previous)
-        return epoch
+        return epoch, claim_reads
 
-    def _claim_sync(self, session_id: str) -> tuple[int, str | None] | None:
+    def _claim_sync(self, session_id: str, reads: bool = False) -> _ClaimOutcome | None:
         """One round trip: the row made if missing, then taken if free, in one implicit
         transaction (a simple query of two statements); five round trips before, each
-        a wait on the control connection that every claim of this daemon shares."""
+        a wait on the control connection that every claim of this daemon shares. With
+        ``reads``, the session's claimed turns, inbox and row follow in the same query:
+        each statement sees what was committed before it began, the lease taken first."""
         import psycopg
 
-        def work(conn: psycopg.Connection[tuple[Any, ...]]) -> tuple[int, str | None] | None:
+        def work(conn: psycopg.Connection[tuple[Any, ...]]) -> _ClaimOutcome | None:
             with psycopg.ClientCursor(conn) as cursor:
                 cursor.execute(
                     "INSERT INTO leases(session_id, owner, epoch, expires) VALUES (%s, '', 0, 0)"
@@ -1120,15 +1171,18 @@ class PostgresLedger(LedgerPort):
                     " expires = extract(epoch FROM clock_timestamp()) + %s"
                     " FROM old WHERE l.session_id = old.session_id"
                     " AND (old.owner = %s OR l.expires <= extract(epoch FROM clock_timestamp()))"
-                    " RETURNING l.epoch, old.owner",
+                    " RETURNING l.epoch, old.owner"
+                    + (_CLAIM_READS if reads else ""),
                     (session_id, session_id, self.owner, self.owner, self.lease_seconds,
-                     self.owner),
+                     self.owner, *((session_id,) * 5 if reads else ())),
                 )  # fmt: skip
-                rows = _result_sets(cursor)[-1]
+                sets = _result_sets(cursor)
+            rows = sets[1]
             if not rows:
                 return None  # another daemon's lease has not lapsed, or the row is busy
             epoch, owner = int(rows[0][0]), str(rows[0][1])
-            return epoch, (owner or None) if owner != self.owner else None
+            read = tuple(sets[2:6]) if reads else None
+            return epoch, (owner or None) if owner != self.owner else None, read
 
         try:
             return self._retrying("_control", work)
@@ -1143,6 +1197,19 @@ class PostgresLedger(LedgerPort):
             await trio.to_thread.run_sync(self._release_sync, [(session_id, epoch)])
         except Exception as error:  # it lapses by itself
             log.warning("lease release failed", session_id=session_id, error=_first_line(error))
+
+    def post_release(self, session_id: str) -> None:
+        """The lease goes back in the writer's next transaction, with the turn's last
+        events: a release made its own transaction on the control connection, which
+        every claim of this daemon waits for, once per turn (issue 18). Not held from
+        now on (so not renewed); until that commit the fence still holds for this epoch.
+        """
+        epoch = self._held.pop(session_id, None)
+        if epoch is not None:
+            self._mailbox_send.send_nowait(
+                WriteEvents((), fence=(session_id, epoch), release=True)
+            )
+            self._unsettled[session_id] = self._unsettled.get(session_id, 0) + 1
 
     async def _release_all(self) -> None:
         held, self._held = list(self._held.items()), {}
