@@ -66,7 +66,8 @@ class EventFeed:
         # daemon's subscribers watch go there (DESIGN §14).
         self.relay: LiveRelay | None = None
         # Parts streamed here from another daemon, and those whose stored end was
-        # published: a delta relayed late (after its part ended) is dropped.
+        # published (every part's, on a shared ledger): a delta relayed late (after its
+        # part ended) is dropped.
         self._relayed_parts: set[str] = set()
         self._ended_parts: dict[str, None] = {}  # in the order they ended
 
@@ -101,7 +102,7 @@ class EventFeed:
                         event = replace(event, data=redact_data(event.data))
                     if relay is not None and relay.others:
                         relay.offer(event, self._lineage(event.session_id))
-                elif self._relayed_parts and event.type == "part.updated":
+                elif event.type == "part.updated" and (relay is not None or self._relayed_parts):
                     self._part_stored(event)
                 self._fan_out(event)
         elif isinstance(message, Subscribe):
@@ -138,10 +139,13 @@ class EventFeed:
             self._fan_out(event)
 
     def _part_stored(self, event: Event) -> None:
+        """Remember a part whose stored end was published. On a shared ledger, every
+        part: a part streamed in one delta may be stored (and its end read by the tail)
+        before the delta's relay arrives, and that delta must not follow its end."""
         part_id = event.data.get("id")
-        if event.data.get("end") is not None and part_id in self._relayed_parts:
+        if event.data.get("end") is not None and isinstance(part_id, str):
             self._relayed_parts.discard(part_id)
-            self._ended_parts[str(part_id)] = None
+            self._ended_parts[part_id] = None
             if len(self._ended_parts) > _ENDED_PARTS:
                 del self._ended_parts[next(iter(self._ended_parts))]
 
