@@ -487,6 +487,21 @@ class H11Transport(httpx.AsyncBaseTransport):
             await connection.close()
 
 
+def _content_length(raw: list[tuple[bytes, bytes]]) -> tuple[int, bytes] | None:
+    """Where the one Content-Length header is and its value, if it is one run of digits
+    (h11's own rule for it); None for none, two, or another value: h11 then decides."""
+    at = -1
+    length = b""
+    for index, (name, value) in enumerate(raw):
+        if len(name) == 14 and name.lower() == b"content-length":
+            if at >= 0:
+                return None
+            at, length = index, value
+    if at < 0 or not length.isdigit():
+        return None
+    return at, length
+
+
 def _refuse_switches(event: h11.Request) -> None:
     """CONNECT and Upgrade: only ``h11.Connection``'s state machine handles them."""
     if event.method == b"CONNECT" or get_comma_header(event.headers, b"upgrade"):
@@ -518,15 +533,10 @@ class _RequestHeads:
         self, method: str, target: bytes, raw: list[tuple[bytes, bytes]]
     ) -> tuple[bytes, bytes, bytes, bool] | None:
         """(before, the length, after, keep-alive), or None for a head not kept."""
-        at = -1
-        length = b""
-        for index, (name, value) in enumerate(raw):
-            if len(name) == 14 and name.lower() == b"content-length":
-                if at >= 0:
-                    return None  # two of them: h11 decides what that means
-                at, length = index, value
-        if at < 0 or not length.isdigit():
+        found = _content_length(raw)
+        if found is None:
             return None
+        at, length = found
         key = (method, target, *raw[:at], (raw[at][0], b""), *raw[at + 1 :])
         try:
             written = self._heads[key]
@@ -575,15 +585,10 @@ class _CheckedHeaders:
         self._checked: dict[tuple[tuple[bytes, bytes], ...], tuple[Any, int]] = {}
 
     def headers(self, raw: list[tuple[bytes, bytes]]) -> Any:
-        at = -1
-        length = b""
-        for index, (name, value) in enumerate(raw):
-            if len(name) == 14 and name.lower() == b"content-length":
-                if at >= 0:
-                    return raw  # two of them: h11 decides what that means
-                at, length = index, value
-        if at < 0 or not length.isdigit():
+        found = _content_length(raw)
+        if found is None:
             return raw
+        at, length = found
         key = (*raw[:at], (raw[at][0], b""), *raw[at + 1 :])
         cached = self._checked.get(key)
         if cached is None:
