@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -17,6 +18,18 @@ from harness.messages.events import Event, NewEvent
 from harness.messages.mailbox import WriteEvents
 from harness.storage.port import LedgerFenced
 from harness.storage.postgres import _CHANGES, PostgresLedger
+
+
+def _scripted_config(tmp_path: Path, schema: str, **extra: Any) -> Config:
+    """A harness on the test's schema whose model is tmp_path/model.json's script."""
+    return Config(
+        home=tmp_path / "home",
+        model=f"scripted:{tmp_path / 'model.json'}",
+        ledger=schema,
+        interactive=False,
+        sandbox="off",
+        **extra,
+    )
 
 
 async def test_a_lease_given_back_with_the_last_writes_rides_their_transaction(
@@ -68,13 +81,7 @@ async def test_a_turn_gives_its_lease_back_with_its_last_events(
     from harness.runtime import open_harness
 
     (tmp_path / "model.json").write_text(json.dumps([{"text": "one"}, {"text": "two"}]))
-    config = Config(
-        home=tmp_path / "home",
-        model=f"scripted:{tmp_path / 'model.json'}",
-        ledger=postgres_schema,
-        interactive=False,
-        sandbox="off",
-    )
+    config = _scripted_config(tmp_path, postgres_schema)
     async with open_harness(config) as h:
         ledger = h.ledger
         assert isinstance(ledger, PostgresLedger)
@@ -141,14 +148,7 @@ async def test_a_turn_on_a_fresh_actor_reads_no_turns_inbox_or_row_of_its_own(
     monkeypatch.setattr(postgres, "_POLL_SECONDS", 60.0)
 
     (tmp_path / "model.json").write_text(json.dumps([{"text": "one"}]))
-    config = Config(
-        home=tmp_path / "home",
-        model=f"scripted:{tmp_path / 'model.json'}",
-        ledger=postgres_schema,
-        interactive=False,
-        sandbox="off",
-        lease_seconds=180.0,
-    )
+    config = _scripted_config(tmp_path, postgres_schema, lease_seconds=180.0)
     async with open_harness(config) as h:
         ledger = h.ledger
         session = await h.create_session(tmp_path)
