@@ -165,9 +165,9 @@ async def test_a_turn_on_a_fresh_actor_reads_no_turns_inbox_or_row_of_its_own(
         assert port._SESSION not in reads  # the prompt's (runtime.py) is the only one
         assert port._INBOX not in reads
         assert port._SESSION_TURNS not in reads
-        # The turn's history came with the claim too: the one read of its changes is
-        # the step's own, after it wrote the answer.
-        assert reads.count(_CHANGES) == 1
+        # The turn's history came with the claim too, and its step's own commits are
+        # kept for it as committed: no read of its changes at all.
+        assert reads.count(_CHANGES) == 0
 
 
 async def test_a_fresh_actor_sends_the_history_its_claim_read_as_a_read_would(
