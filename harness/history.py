@@ -150,6 +150,9 @@ class History:
         # Set by ``seed``: the ledger's ``message_mark`` at which this history holds every
         # message and part of the session, so that a catch-up then has nothing to read.
         self._complete_at: int | None = None
+        # What the ledger knows this history by when it keeps commits for it (``follow``):
+        # not the history itself, which a turn that never closes it would keep alive.
+        self._follower = object()
 
     def seed(
         self, rows: tuple[list[Message], list[Part], int], written: Sequence[Event]
@@ -174,11 +177,11 @@ class History:
         # later one (not the caller's) is read at the next catch-up.
         if self._ledger.message_mark(self.session_id) == mark:
             self._complete_at = mark
-            self._ledger.follow(self.session_id, self)
+            self._ledger.follow(self.session_id, self._follower)
 
     def sync(self) -> None:
         self._complete_at = None
-        self._ledger.follow(self.session_id, self)  # commits made during the read are kept
+        self._ledger.follow(self.session_id, self._follower)  # what commits meanwhile is kept
         self._apply(*self._ledger.changes(self.session_id, self.mark))
         self._read_done()
 
@@ -193,14 +196,14 @@ class History:
         complete_at, self._complete_at = self._complete_at, None
         if complete_at is not None:
             if ledger.cluster:
-                written = ledger.take_written(session_id, self)
+                written = ledger.take_written(session_id, self._follower)
                 if written is not None:
                     self._apply_written(written)
                     self._complete_at = self.mark
                     return
             elif ledger.message_mark(session_id) == complete_at:
                 return  # seeded, and nothing written since: a turn's first read (issue 18)
-        ledger.follow(session_id, self)  # commits made during the read are kept too
+        ledger.follow(session_id, self._follower)  # commits made during the read are kept too
         self._apply(*await ledger.changes_async(session_id, self.mark))
         self._read_done()
 
@@ -214,7 +217,7 @@ class History:
     def close(self) -> None:
         """The turn is over: the ledger keeps nothing more for this history."""
         self._complete_at = None
-        self._ledger.unfollow(self.session_id, self)
+        self._ledger.unfollow(self.session_id, self._follower)
 
     def _apply_written(self, written: Sequence[Event]) -> None:
         """Apply committed events as ``_apply`` applies a read of the rows they wrote:
