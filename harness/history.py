@@ -147,8 +147,9 @@ class History:
         self._replies = 0  # all messages
         self._view: _View | None = None
         self._view_changed: set[str] = set()  # messages changed since the view was built
-        # Set by ``seed``: the ledger's ``message_mark`` at which this history holds every
-        # message and part of the session, so that a catch-up then has nothing to read.
+        # Set by ``seed`` (and on a shared ledger by each catch-up): the mark at which this
+        # history holds every message and part of the session, so that the next catch-up
+        # reads nothing, or only applies what the ledger kept for it (``follow``).
         self._complete_at: int | None = None
         # What the ledger knows this history by when it keeps commits for it (``follow``):
         # not the history itself, which a turn that never closes it would keep alive.
@@ -161,8 +162,10 @@ class History:
         the claim of the session's lease read (``changes`` after 0), and ``written``, the
         events its holder committed since, as committed (redacted as stored). The caller
         vouches that nothing else was written since (the lease's fence keeps others
-        out); once this process commits or hears of another change of the session's
-        messages or parts (``message_mark`` moves), the next catch-up reads again."""
+        out). On a shared ledger the history follows the session from here: its writer's
+        later commits are applied as committed (``catch_up``). Otherwise, once this
+        process commits or hears of another change of the session's messages or parts
+        (``message_mark`` moves), the next catch-up reads again."""
         messages, parts, mark = list(rows[0]), list(rows[1]), rows[2]
         for event in written:
             if event.type in ("message.created", "message.updated"):
