@@ -311,13 +311,15 @@ async def test_a_multi_step_turn_sends_what_a_read_gives_and_reads_no_changes(
 
 
 async def test_a_foreign_commit_of_the_sessions_messages_makes_the_next_catch_up_read(
-    postgres_schema: str,
+    postgres_schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What the ledger keeps for a history is every commit since its last catch-up only
     while nothing else changed the session's messages: a commit of another daemon's,
-    heard by the tail, and the next catch-up reads (and sees it); a fenced write too."""
+    heard by the tail, and the next catch-up reads (and sees it); a fenced write too, and
+    more kept than the bound. A commit made during a read comes again, harmlessly."""
     from harness.history import History
     from harness.messages.model import TextPart, UserMessage
+    from harness.storage import port
 
     def user(message_id: str, text: str) -> list[NewEvent]:
         message = UserMessage(id=message_id, session_id="ses_a", agent="build", model="m",
@@ -335,10 +337,13 @@ async def test_a_foreign_commit_of_the_sessions_messages_makes_the_next_catch_up
         await history.catch_up()  # a read: from here it follows
         reads = 0
         changes = a.changes_async
+        during: list[NewEvent] = []  # committed while the read is under way
 
         async def counted(session_id: str, after: int) -> tuple[list, list, int]:  # type: ignore[type-arg]
             nonlocal reads
             reads += 1
+            if during:
+                await a.write(during, fence=("ses_a", epoch))
             return await changes(session_id, after)
 
         a.changes_async = counted  # type: ignore[method-assign]
@@ -361,3 +366,18 @@ async def test_a_foreign_commit_of_the_sessions_messages_makes_the_next_catch_up
         await a.flush()
         await history.catch_up()
         assert reads == 2 and len(history.chat()) == 4
+        # A commit made while a read is under way: seen by the read and kept for the
+        # next catch-up, applied again there, and still one message.
+        history._complete_at = None  # as after a read that did not follow
+        during.extend(user("msg_6", "six"))
+        await history.catch_up()
+        during.clear()
+        assert reads == 3 and len(history.chat()) == 5
+        await history.catch_up()
+        assert reads == 3
+        assert [m.text for m in history.chat()] == ["one", "two", "three", "four", "six"]  # type: ignore[union-attr]
+        # More kept than the bound: the next catch-up reads instead.
+        monkeypatch.setattr(port, "_MAX_WRITTEN", 1)
+        await a.write(user("msg_7", "seven"), fence=("ses_a", epoch))
+        await history.catch_up()
+        assert reads == 4 and len(history.chat()) == 6
