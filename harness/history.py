@@ -147,9 +147,13 @@ class History:
         self._replies = 0  # all messages
         self._view: _View | None = None
         self._view_changed: set[str] = set()  # messages changed since the view was built
-        # Set by ``seed``: the ledger's ``message_mark`` at which this history holds every
-        # message and part of the session, so that a catch-up then has nothing to read.
+        # Set by ``seed`` (and on a shared ledger by each catch-up): the mark at which this
+        # history holds every message and part of the session, so that the next catch-up
+        # reads nothing, or only applies what the ledger kept for it (``follow``).
         self._complete_at: int | None = None
+        # What the ledger knows this history by when it keeps commits for it (``follow``):
+        # not the history itself, which a turn that never closes it would keep alive.
+        self._follower = object()
 
     def seed(
         self, rows: tuple[list[Message], list[Part], int], written: Sequence[Event]
@@ -158,8 +162,10 @@ class History:
         the claim of the session's lease read (``changes`` after 0), and ``written``, the
         events its holder committed since, as committed (redacted as stored). The caller
         vouches that nothing else was written since (the lease's fence keeps others
-        out); once this process commits or hears of another change of the session's
-        messages or parts (``message_mark`` moves), the next catch-up reads again."""
+        out). On a shared ledger the history follows the session from here: its writer's
+        later commits are applied as committed (``catch_up``). Otherwise, once this
+        process commits or hears of another change of the session's messages or parts
+        (``message_mark`` moves), the next catch-up reads again."""
         messages, parts, mark = list(rows[0]), list(rows[1]), rows[2]
         for event in written:
             if event.type in ("message.created", "message.updated"):
@@ -174,18 +180,64 @@ class History:
         # later one (not the caller's) is read at the next catch-up.
         if self._ledger.message_mark(self.session_id) == mark:
             self._complete_at = mark
+            self._ledger.follow(self.session_id, self._follower)
 
     def sync(self) -> None:
         self._complete_at = None
+        self._ledger.follow(self.session_id, self._follower)  # what commits meanwhile is kept
         self._apply(*self._ledger.changes(self.session_id, self.mark))
+        self._read_done()
 
     async def catch_up(self) -> None:
         """``sync``, with the read made as the event loop's hot reads are (the loop is
-        free while a database server answers: ``LedgerPort.changes_async``)."""
+        free while a database server answers: ``LedgerPort.changes_async``).
+
+        On a shared ledger no read at all while this history has every commit of the
+        session's messages and parts since its last: this writer's own, kept for it as
+        committed (``LedgerPort.take_written``), the objects a read gives (issue 18)."""
+        ledger, session_id = self._ledger, self.session_id
         complete_at, self._complete_at = self._complete_at, None
-        if complete_at is not None and self._ledger.message_mark(self.session_id) == complete_at:
-            return  # seeded, and nothing written since: a turn's first read (issue 18)
-        self._apply(*await self._ledger.changes_async(self.session_id, self.mark))
+        if complete_at is not None:
+            if ledger.cluster:
+                written = ledger.take_written(session_id, self._follower)
+                if written is not None:
+                    self._apply_written(written)
+                    self._complete_at = self.mark
+                    return
+            elif ledger.message_mark(session_id) == complete_at:
+                return  # seeded, and nothing written since: a turn's first read (issue 18)
+        ledger.follow(session_id, self._follower)  # commits made during the read are kept too
+        self._apply(*await ledger.changes_async(session_id, self.mark))
+        self._read_done()
+
+    def _read_done(self) -> None:
+        """A read brought every commit up to its start; those made since (this writer's,
+        kept by ``follow`` before the read) come at the next catch-up, applied again if
+        the read saw them: a row ends as its last version either way."""
+        if self._ledger.cluster:
+            self._complete_at = self.mark
+
+    def close(self) -> None:
+        """The turn is over: the ledger keeps nothing more for this history."""
+        self._complete_at = None
+        self._ledger.unfollow(self.session_id, self._follower)
+
+    def _apply_written(self, written: Sequence[Event]) -> None:
+        """Apply committed events as ``_apply`` applies a read of the rows they wrote:
+        validated as a read's rows are; a row written twice ends as its last version."""
+        messages: list[Message] = []
+        parts: list[Part] = []
+        mark = self.mark
+        for event in written:
+            if event.type in ("message.created", "message.updated"):
+                messages.append(_MESSAGE.validate_json(json.dumps(event.data)))
+            elif event.type in ("part.created", "part.updated"):
+                parts.append(_PART.validate_json(json.dumps(event.data)))
+            else:
+                continue
+            mark = max(mark, event.seq or 0)
+        if messages or parts:
+            self._apply(messages, parts, mark)
 
     def _apply(self, messages: list[Message], parts: list[Part], mark: int) -> None:
         self.mark = mark

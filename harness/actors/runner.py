@@ -163,6 +163,12 @@ class Runner:
 
     async def run_turn(self, user_message_id: str) -> TurnResult:
         """Take steps until one says stop; where the turn is comes from the ledger alone."""
+        try:
+            return await self._run_turn(user_message_id)
+        finally:
+            self._history.close()  # the ledger keeps nothing more for it
+
+    async def _run_turn(self, user_message_id: str) -> TurnResult:
         compacted_at = 0  # the step a compaction last ran for: at most once per step
         if self._compact_only:
             return await self._compact_on_request(user_message_id)

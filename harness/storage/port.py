@@ -56,6 +56,9 @@ log = structlog.get_logger("harness.ledger")
 _MESSAGE: TypeAdapter[Message] = TypeAdapter(Message, config=ConfigDict(defer_build=True))
 _PART: TypeAdapter[Part] = TypeAdapter(Part, config=ConfigDict(defer_build=True))
 _MAX_BATCH = 1024
+# Events kept for one followed session between two catch-ups (``LedgerPort.follow``);
+# past it the history reads instead, so a session nobody catches up on costs little.
+_MAX_WRITTEN = 4096
 # The events whose projections write a session's messages and parts.
 _MESSAGE_EVENTS = frozenset(("message.created", "message.updated", "part.created", "part.updated"))
 # The reads that a turn or a step makes, each with a synchronous and an async caller.
@@ -183,6 +186,11 @@ class LedgerPort(ABC):
         # Per session, the seq of the last event this process has seen commit that
         # changed its messages or parts (``message_mark``).
         self._message_marks: dict[str, int] = {}
+        # Per session whose history follows it (``follow``): the follower, and the
+        # message and part events this process's writer committed since its last
+        # ``take_written``, in seq order; None once anything else may have changed them
+        # (a foreign commit heard, a commit refused or failed, too many kept).
+        self._written: dict[str, tuple[object, list[Event] | None]] = {}
         # Per session, the writes made under its lease (``fence``) not yet answered by
         # the writer: while there are none, ``settle`` has nothing to wait for.
         self._unsettled: dict[str, int] = {}
@@ -334,7 +342,44 @@ class LedgerPort(ABC):
         tail. While it has not moved, this process has written none of them."""
         return self._message_marks.get(session_id, 0)
 
-    def _saw_inbox(self, events: Sequence[Event]) -> None:
+    def follow(self, session_id: str, follower: object) -> None:
+        """Keep, for ``follower`` (a history), the session's message and part events this
+        process's writer commits from now on, until ``take_written`` hands them over.
+
+        Only a shared ledger keeps them: under a session's lease its holder is the only
+        writer of its messages and parts (the fence), and the tail tells of any other
+        commit it hears. A SQLite file may be written by other processes unheard, and
+        its read is in-process and cheap: there the history reads (issue 18)."""
+        if self.cluster:
+            self._written[session_id] = (follower, [])
+
+    def unfollow(self, session_id: str, follower: object) -> None:
+        """Keep nothing more for ``follower``: its turn is over."""
+        kept = self._written.get(session_id)
+        if kept is not None and kept[0] is follower:
+            del self._written[session_id]
+
+    def take_written(self, session_id: str, follower: object) -> list[Event] | None:
+        """The session's message and part events this writer committed since ``follow``
+        or the last call, as committed, in seq order, and keep following; None unless
+        those are every such commit since (see ``_written``), or ``follower`` is not
+        the one followed. The next such events are kept for the next call."""
+        kept = self._written.get(session_id)
+        if kept is None or kept[0] is not follower:
+            return None
+        self._written[session_id] = (follower, [])
+        return kept[1]
+
+    def _lost_written(self, session_id: str) -> None:
+        """Something other than this writer's commit may have changed the session's
+        messages or parts: its follower reads at its next catch-up."""
+        kept = self._written.get(session_id)
+        if kept is not None:
+            self._written[session_id] = (kept[0], None)
+
+    def _saw_inbox(self, events: Sequence[Event], *, own: bool = False) -> None:
+        """What a commit changed that the marks follow: ``own``, this writer's commit
+        (else another daemon's, read by the tail)."""
         for event in events:
             kind = event.type
             if kind == "inbox.added":
@@ -342,6 +387,13 @@ class LedgerPort(ABC):
                 self._inbox_marks[event.session_id] = self._inbox_additions
             elif kind in _MESSAGE_EVENTS and event.seq is not None:
                 self._message_marks[event.session_id] = event.seq
+                kept = self._written.get(event.session_id)
+                if kept is None:
+                    continue
+                if not own or kept[1] is None or len(kept[1]) >= _MAX_WRITTEN:
+                    self._written[event.session_id] = (kept[0], None)
+                else:
+                    kept[1].append(event)
 
     def recover(self) -> None:
         """Accept writes again after a failure (new input: there may be space now)."""
@@ -382,6 +434,9 @@ class LedgerPort(ABC):
             committed = await self._run_commit(batch)
         except Exception as error:
             self._settled(batch)
+            for request in batch:  # committed or not, unknown: read them back
+                for new in request.events:
+                    self._lost_written(new.session_id)
             failure, sticky = self._failure(error)
             for request in batch:
                 if request.reply is not None:
@@ -398,12 +453,15 @@ class LedgerPort(ABC):
         published: list[Event] = []
         for request, events in zip(batch, committed, strict=True):
             if isinstance(events, LedgerFenced):
+                # Another daemon holds the lease now: it may write the session's messages.
+                if request.fence is not None:
+                    self._lost_written(request.fence[0])
                 if request.reply is not None:
                     request.reply.send_nowait(events)
                 else:
                     log.warning("write refused: the lease is lost", error=str(events))
                 continue
-            self._saw_inbox(events)  # before anyone is answered or woken
+            self._saw_inbox(events, own=True)  # before anyone is answered or woken
             if request.reply is not None:
                 request.reply.send_nowait(events)
             published.extend(events)
