@@ -123,6 +123,24 @@ def _assistant_view(parts: list[Part]) -> tuple[ChatMessage, ...]:
     return tuple(view)
 
 
+
+def _rows_written(
+    written: Sequence[Event], mark: int
+) -> tuple[list[Message], list[Part], int]:
+    """The messages and parts committed events wrote, validated as a read's rows are, in
+    commit order, and the mark past the last of them (``mark`` if none)."""
+    messages: list[Message] = []
+    parts: list[Part] = []
+    for event in written:
+        if event.type in ("message.created", "message.updated"):
+            messages.append(_MESSAGE.validate_json(json.dumps(event.data)))
+        elif event.type in ("part.created", "part.updated"):
+            parts.append(_PART.validate_json(json.dumps(event.data)))
+        else:
+            continue
+        mark = max(mark, event.seq or 0)
+    return messages, parts, mark
+
 class History:
     def __init__(self, ledger: LedgerPort, session_id: str) -> None:
         self._ledger = ledger
@@ -166,16 +184,8 @@ class History:
         later commits are applied as committed (``catch_up``). Otherwise, once this
         process commits or hears of another change of the session's messages or parts
         (``message_mark`` moves), the next catch-up reads again."""
-        messages, parts, mark = list(rows[0]), list(rows[1]), rows[2]
-        for event in written:
-            if event.type in ("message.created", "message.updated"):
-                messages.append(_MESSAGE.validate_json(json.dumps(event.data)))
-            elif event.type in ("part.created", "part.updated"):
-                parts.append(_PART.validate_json(json.dumps(event.data)))
-            else:
-                continue
-            mark = max(mark, event.seq or 0)
-        self._apply(messages, parts, mark)
+        messages, parts, mark = _rows_written(written, rows[2])
+        self._apply([*rows[0], *messages], [*rows[1], *parts], mark)
         # Complete only if the last such commit seen here is the one just applied: any
         # later one (not the caller's) is read at the next catch-up.
         if self._ledger.message_mark(self.session_id) == mark:
@@ -225,17 +235,7 @@ class History:
     def _apply_written(self, written: Sequence[Event]) -> None:
         """Apply committed events as ``_apply`` applies a read of the rows they wrote:
         validated as a read's rows are; a row written twice ends as its last version."""
-        messages: list[Message] = []
-        parts: list[Part] = []
-        mark = self.mark
-        for event in written:
-            if event.type in ("message.created", "message.updated"):
-                messages.append(_MESSAGE.validate_json(json.dumps(event.data)))
-            elif event.type in ("part.created", "part.updated"):
-                parts.append(_PART.validate_json(json.dumps(event.data)))
-            else:
-                continue
-            mark = max(mark, event.seq or 0)
+        messages, parts, mark = _rows_written(written, self.mark)
         if messages or parts:
             self._apply(messages, parts, mark)
 
