@@ -21,10 +21,13 @@ from harness.storage.postgres import _CHANGES, PostgresLedger
 
 
 def _scripted_config(tmp_path: Path, schema: str, **extra: Any) -> Config:
-    """A harness on the test's schema whose model is tmp_path/model.json's script."""
+    """A harness on the test's schema whose model is tmp_path/model.json's script, or
+    whatever ``provider_factory`` in ``extra`` makes."""
+    script = f"scripted:{tmp_path / 'model.json'}"
+    model = "scripted:unused" if "provider_factory" in extra else script
     return Config(
         home=tmp_path / "home",
-        model=f"scripted:{tmp_path / 'model.json'}",
+        model=model,
         ledger=schema,
         interactive=False,
         sandbox="off",
@@ -142,10 +145,6 @@ async def test_a_turn_on_a_fresh_actor_reads_no_turns_inbox_or_row_of_its_own(
     # The orphan scan may take the prompted session for this daemon before its actor
     # claims it (then the actor reads as before): not during this count.
     monkeypatch.setattr(postgres, "ORPHAN_SCAN_SECONDS", 60.0)
-    # Nor the tail's poll: a poll that reads the log between the writer's commit and its
-    # hand-off to the tail takes this daemon's own prompt for another's and moves the
-    # inbox mark, so the actor reads its inbox again (seen once in CI under load).
-    monkeypatch.setattr(postgres, "_POLL_SECONDS", 60.0)
 
     (tmp_path / "model.json").write_text(json.dumps([{"text": "one"}]))
     config = _scripted_config(tmp_path, postgres_schema, lease_seconds=180.0)
@@ -197,14 +196,8 @@ async def test_a_fresh_actor_sends_the_history_its_claim_read_as_a_read_would(
         made.append(ScriptedProvider.from_turns(turns, record=True))
         return made[-1]
 
-    config = Config(
-        home=tmp_path / "home",
-        model="scripted:unused",
-        provider_factory=factory,
-        ledger=postgres_schema,
-        interactive=False,
-        sandbox="off",
-        session_idle_seconds=0.2,
+    config = _scripted_config(
+        tmp_path, postgres_schema, provider_factory=factory, session_idle_seconds=0.2
     )
     async with open_harness(config) as h:
         session = await h.create_session(tmp_path)
@@ -274,15 +267,8 @@ async def test_a_multi_step_turn_sends_what_a_read_gives_and_reads_no_changes(
         compared.append(len(fresh.chat()))
 
     monkeypatch.setattr(History, "catch_up", checked)
-    config = Config(
-        home=tmp_path / "home",
-        model="scripted:unused",
-        provider_factory=factory,
-        ledger=postgres_schema,
-        interactive=False,
-        yes=True,
-        sandbox="off",
-        lease_seconds=180.0,
+    config = _scripted_config(
+        tmp_path, postgres_schema, provider_factory=factory, yes=True, lease_seconds=180.0
     )
     try:
         async with open_harness(config) as h:
@@ -356,7 +342,11 @@ async def test_a_foreign_commit_of_the_sessions_messages_makes_the_next_catch_up
         assert reads == 0 and [m.text for m in history.chat()]  # type: ignore[union-attr] == ["one"]
         # Another daemon's commit to the session's messages, as the tail hands it over.
         foreign = await b.write(user("msg_2", "two"))
-        await a._publish(None, foreign, foreign=True)
+        # Heard by a's own tail (its NOTIFY wakes it), at a time of its choosing: waited
+        # for, so that the hand-over cannot land after the next catch-up.
+        with trio.fail_after(10):
+            while a.message_mark("ses_a") < (foreign[-1].seq or 0):
+                await trio.sleep(0.01)
         await a.write(user("msg_3", "three"), fence=("ses_a", epoch))
         await history.catch_up()
         assert reads == 1

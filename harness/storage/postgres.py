@@ -477,6 +477,10 @@ class PostgresLedger(LedgerPort):
         self._tail_done = trio.Event()
         self._wake_queued = False
         self._tail_read: psycopg.Connection[tuple[Any, ...]] | None = None  # made by the tail
+        # Seqs this daemon's writer committed (or is committing, the append lock held)
+        # that the tail has not published yet: read back from the log, they are this
+        # daemon's own, not input from another daemon to hand over (``_catch_up``).
+        self._own_seqs: set[int] = set()
         # The hot reads of the event loop (a step's, a turn's): a few connections driven
         # non-blocking from the loop, one query at a time each, made as needed. The idle
         # ones, and how many reads may be in flight.
@@ -728,6 +732,7 @@ class PostgresLedger(LedgerPort):
         fences = sorted({request.fence[0] for request in batch if request.fence is not None})
         digests = [digest for request in batch for digest, _ in request.blobs]
         cursor = conn.cursor()
+        owned = range(0)  # the seqs this append numbers, once it sends its commit
         try:
             head = _Statements()
             head.add("BEGIN", ())
@@ -795,8 +800,17 @@ class PostgresLedger(LedgerPort):
                 # Delivered by the server at commit: a wake-up for every daemon's tail.
                 writes.add("SELECT pg_notify(?, ?)", (self.channel, str(seq)))
             writes.add("COMMIT", ())
+            if rows:
+                # Before the commit, while the lock keeps every other daemon from these
+                # seqs: the tail may read them back before this thread returns.
+                owned = range(rows[0][0], rows[-1][0] + 1)
+                self._own_seqs.update(owned)
             cursor.execute(writes.query(conn), prepare=False)
         except BaseException:
+            # Not committed, or not known to be (a connection lost around the commit):
+            # forgotten at once (before a ROLLBACK lets the lock go), so that another
+            # daemon's events at these seqs are not taken for this one's.
+            self._own_seqs.difference_update(owned)
             if not (conn.closed or conn.broken):
                 # A statement failed (the rest of the text was skipped): end the
                 # transaction, so the connection can serve the next batch.
@@ -859,7 +873,8 @@ class PostgresLedger(LedgerPort):
                             continue  # read from the log already
                         if first == cursor + 1:
                             cursor = last  # nothing of another daemon's lies between
-                            await self._publish(feed, item, foreign=False)
+                            self._own_seqs.difference_update(range(first, last + 1))
+                            await self._publish(feed, item, theirs=[])
                             continue
                     cursor = await self._catch_up(feed, cursor)
                     if item == _END:
@@ -883,9 +898,12 @@ class PostgresLedger(LedgerPort):
                 continue
             if last <= cursor:
                 return cursor
+            own = self._own_seqs
+            theirs = [event for event in events if event.seq not in own]
+            own.difference_update(range(cursor + 1, last + 1))
             cursor = last
             if events:
-                await self._publish(feed, events, foreign=True)
+                await self._publish(feed, events, theirs=theirs)
 
     def _filtering(self) -> bool:
         """Whether the tail may leave out what only a subscriber would hear: this
@@ -946,17 +964,19 @@ class PostgresLedger(LedgerPort):
         feed: trio.MemorySendChannel[FeedMessage] | None,
         events: list[Event],
         *,
-        foreign: bool,
+        theirs: list[Event],
     ) -> None:
-        if foreign:
-            self._saw_inbox(events)  # before the wake below: the woken actor reads the inbox
+        """Publish ``events`` in order; ``theirs``, those of them other daemons committed,
+        are what this daemon also acts on (input, replies, cancels, new children)."""
+        if theirs:
+            self._saw_inbox(theirs)  # before the wake below: the woken actor reads the inbox
         if feed is not None:
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                if foreign:
-                    await self._register_children(feed, events)
+                if theirs:
+                    await self._register_children(feed, theirs)
                 await feed.send(Publish(events))
-        if foreign and self.hooks is not None:
-            self._hand_over(events)
+        if theirs and self.hooks is not None:
+            self._hand_over(theirs)
 
     @staticmethod
     async def _register_children(
