@@ -761,7 +761,16 @@ def test_harness_run_through_another_daemon_streams_the_turn_its_holder_runs(
         if e["type"] == "turn.started" and e["data"].get("message_id") == turn
     )  # fmt: skip
     # (It follows the session from now on: the end of the first turn streams in too.)
-    deltas = [e["data"]["delta"] for e in events[started:] if e["type"] == "part.delta"]
+    # The answer's deltas by their part: relayed live, a delta may come before the
+    # turn.started the tail reads from the ledger (pg_live.py), so not by position.
+    answer_parts = {
+        e["data"]["id"] for e in events[started:]
+        if e["type"] == "part.updated" and e["data"].get("text") == second
+    }  # fmt: skip
+    deltas = [
+        e["data"]["delta"] for e in events
+        if e["type"] == "part.delta" and e["data"].get("part_id") in answer_parts
+    ]  # fmt: skip
     assert "".join(deltas) == second and len(deltas) >= 3
     # The holder ran both turns: the lease never changed hands.
     assert cluster.query("SELECT 1 FROM events WHERE type = 'session.leased'") == []
