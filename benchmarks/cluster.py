@@ -204,6 +204,21 @@ def run(url: str, daemons: int, args: argparse.Namespace, work: Path) -> dict[st
             for earlier, later in itertools.pairwise(starts)
             if killed_at is None or not (earlier < killed_at < later)
         ]
+        prompts_done = start + prompted
+        # Split by phase: while the prompts still go in, each daemon also carries their
+        # writes, claims and turn starts; after, only the steps of the turns going.
+        overhead_prompting = [
+            (later - earlier - args.latency) * 1000
+            for starts in by_session.values()
+            for earlier, later in itertools.pairwise(starts)
+            if earlier < prompts_done and (killed_at is None or not (earlier < killed_at < later))
+        ]
+        overhead_after = [
+            (later - earlier - args.latency) * 1000
+            for starts in by_session.values()
+            for earlier, later in itertools.pairwise(starts)
+            if earlier >= prompts_done and (killed_at is None or not (earlier < killed_at < later))
+        ]
         total_steps = len(messages)
         claim_ms = [(json.loads(data)["started"] - ts) * 1000 for ts, data in claims]
         result: dict[str, Any] = {
@@ -215,6 +230,16 @@ def run(url: str, daemons: int, args: argparse.Namespace, work: Path) -> dict[st
             "steps_per_s": round(total_steps / wall, 1),
             "step_overhead_ms_p50": round(percentile(overhead, 0.5), 1),
             "step_overhead_ms_p99": round(percentile(overhead, 0.99), 1),
+            "step_overhead_ms_p50_p99_while_prompting": [
+                round(percentile(overhead_prompting, 0.5), 1),
+                round(percentile(overhead_prompting, 0.99), 1),
+                len(overhead_prompting),
+            ],
+            "step_overhead_ms_p50_p99_after_prompting": [
+                round(percentile(overhead_after, 0.5), 1),
+                round(percentile(overhead_after, 0.99), 1),
+                len(overhead_after),
+            ],
             "daemon_cpu_s": [round(cpu_after[pid] - cpu_before[pid], 2) for pid in cpu_before],
             "cpu_ms_per_step_all_daemons": round(
                 (sum(cpu_after[pid] - cpu_before[pid] for pid in cpu_before) + victim_cpu)
