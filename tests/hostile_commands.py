@@ -193,6 +193,34 @@ RM_VARIANTS = [
         "faketime '2020-01-01' rm victim.txt",
         "echo 'rm victim.txt' | at now",
         "batch <<< 'rm victim.txt'",
+        # Wrapper options in other spellings, and builtins in front of builtins.
+        "builtin eval 'rm victim.txt'",
+        "exec -a foo rm victim.txt",
+        "\\command rm victim.txt",
+        "env -u HOME rm victim.txt",
+        "env -C . rm victim.txt",
+        "env --chdir=. rm victim.txt",
+        "timeout --foreground 5 rm victim.txt",
+        "nice --adjustment=5 rm victim.txt",
+        "echo victim.txt > list; xargs -a list rm",
+        "watch -n 1 -g rm victim.txt",
+        # Compound shapes: loops, negation, background jobs, a descriptor opened on a
+        # process substitution.
+        "coproc rm victim.txt",
+        "while rm victim.txt; do break; done",
+        "! rm victim.txt",
+        "rm victim.txt &\nwait",
+        "exec 3< <(rm victim.txt); cat <&3",
+        # The command word made by splitting, arrays, positional parameters, read.
+        "IFS=_; x=rm_victim.txt; $x",
+        'a=(rm victim.txt); "${a[@]}"',
+        'set -- rm victim.txt; "$@"',
+        "read -r x <<< rm; $x victim.txt",
+        "x=${PATH:0:0}rm; $x victim.txt",
+        # Programs that run a command line from their configuration or environment.
+        "git -c core.fsmonitor='rm victim.txt' status",
+        "GIT_SSH_COMMAND='rm victim.txt' git fetch ssh://x/y",
+        "BASH_ENV=<(echo rm victim.txt) bash -c true",
     ]
 ]
 
