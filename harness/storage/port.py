@@ -509,11 +509,14 @@ class LedgerPort(ABC):
 
     def _joined(self, within: float | None) -> None:
         """A post joined a longer wait (``post(within=…)``): the batch is committed by
-        this post's own bound at the latest."""
+        this post's own bound at the latest. Only the first one to join need act: any
+        later post's bound is later still (a ``within`` shorter than ``post_delay``
+        counts as ``post_delay``, as for the first post of a batch)."""
         grouping = self._grouping
         if grouping is not None:
-            bound = self.post_delay if within is None else within
+            bound = max(self.post_delay, within or 0.0)
             grouping.deadline = min(grouping.deadline, trio.current_time() + bound)
+            self._lingering = bound > self.post_delay  # a long one: the next may shorten it
 
     async def write(
         self,
