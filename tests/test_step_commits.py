@@ -29,7 +29,7 @@ from harness.storage.ledger import Ledger
 USAGE = {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}
 STEPS = 3
 FILES = ("notes.txt", "package.json")
-SLOW = 0.02  # a model that answers in 20 ms: ten times the writer's usual wait
+SLOW = 0.1  # a model that answers in 100 ms (a fast real one): 50 times the usual wait
 
 
 def _step(index: int) -> Reply:
@@ -72,7 +72,7 @@ async def test_the_message_a_step_opens_shares_the_transaction_of_its_reply(
     ]
     assert len(opened) == STEPS + 1
     for batch in opened[:STEPS]:
-        # Before: the message and its step-start part alone, 20 ms before the reply.
+        # Before: the message and its step-start part alone, 100 ms before the reply.
         kinds = [kind for kind, _ in batch]
         tools = [d for kind, d in batch if kind == "part.created" and d["type"] == "tool"]
         assert tools, kinds

@@ -57,8 +57,9 @@ TEXT_FLUSH_SECONDS = 1.0
 # more than it shows (with 100 sessions streaming, prompt ack p99 went from 88 to 6 ms).
 DELTA_SECONDS = 0.05
 
-# How long the message a step opens may wait to be committed (``Recorder.open``).
-OPEN_WITHIN_SECONDS = DELTA_SECONDS
+# How long the message a step opens may wait to be committed (``Recorder.open``): the
+# bound a crash already has on what it loses of a streaming reply (DESIGN §4).
+OPEN_WITHIN_SECONDS = TEXT_FLUSH_SECONDS
 
 UsageSink = Callable[[Tokens, float], None]
 RetrySink = Callable[[RetryNotice], Awaitable[None]]
@@ -120,11 +121,14 @@ class Recorder:
                 id=ids.part_id(), session_id=session.id, message_id=message.id, step=step
             )
             events.append(NewEvent.of("part.created", session.id, start))
-        # Posted as the model is asked, and needed by nobody before its reply begins: it
-        # may wait for the reply's first parts (or the step's end) to share their
-        # transaction. With the usual 2 ms it was committed alone whenever the model took
-        # longer than that, a transaction more per step (0.1–0.4 ms of CPU). A slower
-        # model still sees it committed while it thinks, OPEN_WITHIN_SECONDS on.
+        # Posted as the model is asked, and needed by nobody before its reply begins
+        # (the chat and ACP show parts; a step's parts and deltas say it began): it may
+        # wait for the reply's first part, or the step's end, to share their transaction,
+        # and that part's own 2 ms bound then holds. With the usual 2 ms it was committed
+        # alone whenever the model took longer than that: a transaction more per step
+        # (0.1–0.2 ms of CPU), on every step of a real model. A model still silent after
+        # OPEN_WITHIN_SECONDS sees it committed then; a crash before loses a step that
+        # had recorded nothing else, which the turn asks again.
         self.post(events, within=OPEN_WITHIN_SECONDS)
         # bind/reset: bound_contextvars' restore, without a second generator frame a step.
         tokens = structlog.contextvars.bind_contextvars(
