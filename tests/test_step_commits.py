@@ -171,3 +171,19 @@ async def test_a_flush_ends_a_longer_wait_at_once(tmp_path: Path) -> None:
         assert ledger.session(session.id) is not None
         ledger.close_writer()
     ledger.close()
+
+
+async def test_without_group_commit_nothing_waits(tmp_path: Path) -> None:
+    """``post_delay`` 0 (PostgreSQL's tests, a caller that wants each post alone): a post
+    asking to wait longer is committed at once all the same."""
+    ledger = Ledger(tmp_path / "ledger.db", post_delay=0)
+    session = _session()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ledger.run_writer, None)
+        await trio.testing.wait_all_tasks_blocked()
+        ledger.post([NewEvent.of("session.created", session.id, session)], within=30.0)
+        with trio.fail_after(5):
+            while ledger.session(session.id) is None:
+                await trio.sleep(0.005)
+        ledger.close_writer()
+    ledger.close()
