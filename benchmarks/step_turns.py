@@ -13,6 +13,12 @@ best (and the first quartile) over all turns of all rounds, the trees taking tur
 ``--base`` names the Python of another checkout (its own venv, its harness) to run
 interleaved with this one. For turns of 40 steps or more, steps 1–20 and the last 20 are
 reported as well (the flatness of one turn).
+
+``--count`` adds what CPU time on shared cores cannot show steadily, a step's ledger
+transactions (each a worker-thread round trip, a feed publish and the subscribers it
+wakes) and the event loop's rounds (its waits for I/O), counted over the same steps::
+
+    python benchmarks/step_turns.py --base ../base/.venv/bin/python --count --rounds 2
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -34,7 +41,35 @@ sys.path.insert(0, str(HERE))
 import loop  # noqa: E402  (the fixtures and the wire server of the loop benchmark)
 
 
-def turns_child(steps: int, turns: int, wire: str | None) -> None:
+class _Counts:
+    """Ledger transactions and event-loop rounds, as running totals (``--count``)."""
+
+    def __init__(self) -> None:
+        self.commits = 0
+        self.rounds = 0
+
+    def install(self) -> None:
+        import trio
+
+        from harness.storage.port import LedgerPort
+
+        counts = self
+        commit = LedgerPort._run_commit
+
+        async def counted(port: LedgerPort, batch: list[Any]) -> Any:
+            counts.commits += 1
+            return await commit(port, batch)
+
+        LedgerPort._run_commit = counted  # type: ignore[method-assign]
+
+        class Rounds(trio.abc.Instrument):
+            def after_io_wait(self, timeout: float) -> None:
+                counts.rounds += 1
+
+        trio.lowlevel.add_instrument(Rounds())
+
+
+def turns_child(steps: int, turns: int, wire: str | None, count: bool = False) -> None:
     """In this process: ``turns`` turns of ``steps`` reads; print each one's figures."""
     base = Path(tempfile.mkdtemp(prefix="harness-turns-"))
     home = base / "home"
@@ -53,6 +88,9 @@ def turns_child(steps: int, turns: int, wire: str | None) -> None:
         import harness.providers.mistral  # noqa: F401  (imported before any turn)
 
     stamps: list[float] = []
+    counts = _Counts()
+    # Each request's running totals, noted with its CPU stamp (``--count``).
+    marks: list[tuple[int, int]] = []
 
     model = f"scripted:{script}" if wire is None else loop.WIRE_MODEL
     base_url = None if wire is None else f"{wire}/{secrets.token_hex(6)}/s{steps}"
@@ -61,14 +99,19 @@ def turns_child(steps: int, turns: int, wire: str | None) -> None:
         model=model,
         interactive=False,
         model_limits={"scripted": (10_000_000, 4_096), loop.WIRE_MODEL: (10_000_000, 4_096)},
-        provider_factory=lambda m: loop.Stamped(create_provider(m, base_url=base_url), stamps),
+        provider_factory=lambda m: _Marked(
+            loop.Stamped(create_provider(m, base_url=base_url), stamps), counts, marks
+        ),
     )
     rows: list[dict[str, float]] = []
 
     async def main() -> None:
+        if count:
+            counts.install()
         async with open_harness(config) as h:
             for _ in range(turns):
                 stamps.clear()
+                marks.clear()
                 session = await h.create_session(project)
                 result = await h.run(session.id, "read the files, then answer")
                 if result.reason != "answered" or len(stamps) != steps + 1:
@@ -77,16 +120,46 @@ def turns_child(steps: int, turns: int, wire: str | None) -> None:
                 if steps >= 40:
                     row["steps 1–20"] = (stamps[21] - stamps[1]) / 20
                     row["last 20"] = (stamps[steps] - stamps[steps - 20]) / 20
+                if count:
+                    for name, which in (("transactions", 0), ("loop rounds", 1)):
+                        row[name] = (marks[steps][which] - marks[1][which]) / (steps - 1)
+                        if steps >= 40:
+                            late = marks[steps][which] - marks[steps - 20][which]
+                            row[f"{name}, last 20"] = late / 20
                 rows.append(row)
 
     trio.run(main)
     print(json.dumps(rows))
 
 
-def run_tree(python: str, steps: int, turns: int, wire: str | None) -> list[dict[str, float]]:
+class _Marked:
+    """A provider, noting the running counts when each request is made (``--count``)."""
+
+    def __init__(self, inner: Any, counts: _Counts, marks: list[tuple[int, int]]) -> None:
+        self._inner = inner
+        self._counts = counts
+        self._marks = marks
+        self.name = inner.name
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def stream(self, request: Any) -> Any:
+        self._marks.append((self._counts.commits, self._counts.rounds))
+        return self._inner.stream(request)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def run_tree(
+    python: str, steps: int, turns: int, wire: str | None, count: bool = False
+) -> list[dict[str, float]]:
     command = [python, __file__, "--child", str(steps), str(turns)]
     if wire is not None:
         command += ["--wire", wire]
+    if count:
+        command.append("--count")
     env = dict(os.environ)
     env.pop("HARNESS_MODEL", None)
     done = subprocess.run(
@@ -107,9 +180,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--base", help="the Python of another checkout, run interleaved")
     parser.add_argument("--child", nargs=2, type=int, help=argparse.SUPPRESS)
     parser.add_argument("--wire", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--count", action="store_true", help="also count transactions and loop rounds a step"
+    )
     args = parser.parse_args(argv)
     if args.child:
-        turns_child(args.child[0], args.child[1], args.wire)
+        turns_child(args.child[0], args.child[1], args.wire, args.count)
         return 0
     if args.steps < 2:
         parser.error("--steps must be at least 2")
@@ -123,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for name, python in trees.items():
                     wire = root if path == "wire" else None
                     results.setdefault((path, name), []).extend(
-                        run_tree(python, args.steps, args.turns, wire)
+                        run_tree(python, args.steps, args.turns, wire, args.count)
                     )
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"CPU per step, ms: best / first quartile of {args.rounds} x {args.turns} turns of "
@@ -131,6 +207,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for (path, name), rows in results.items():
         cells = []
         for key in rows[0]:
+            if key.startswith(("transactions", "loop rounds")):
+                median = statistics.median(row[key] for row in rows)
+                cells.append(f"{key} {median:.2f}")
+                continue
             values = [row[key] * 1000 for row in rows]
             quartile = (
                 statistics.quantiles(values, n=4, method="inclusive")[0]

@@ -25,12 +25,12 @@ from dataclasses import dataclass, replace
 import structlog
 import trio
 
-from harness.actors.recording import Recorder, RetrySink, UsageSink
+from harness.actors.recording import Post, Recorder, RetrySink, UsageSink
 from harness.context.budget import BUDGET_PROMPT, Budget
 from harness.context.compaction import compact
 from harness.context.limits import DEFAULT_LIMITS, ModelLimits
 from harness.history import History, estimate_tokens, text_of
-from harness.messages.events import NewEvent, StopReason, TurnResult
+from harness.messages.events import StopReason, TurnResult
 from harness.messages.mailbox import CallOutcome, ExecuteCalls, FeedMessage, PlannedCall, ask
 from harness.messages.model import Session, Tokens, ToolPart
 from harness.messages.outcome import Next, Overflow, StepOutcome, Stop
@@ -98,7 +98,7 @@ class Runner:
         tool_specs: Sequence[ToolSpec],
         max_steps: int | None,
         ledger_history: History,
-        ledger_post: Callable[[Sequence[NewEvent]], None],
+        ledger_post: Post,
         ledger_flush: Callable[[], Awaitable[None]],
         take_steered: Callable[[], Awaitable[None]],
         executor: trio.MemorySendChannel[ExecuteCalls],

@@ -70,6 +70,9 @@ class WriteEvents:
     # With ``fence``: give that lease back in the same transaction (a turn's last write
     # with nothing queued), instead of a transaction of its own (issue 18).
     release: bool = False
+    # A post's bound on how long it may wait for company, when it is not the writer's
+    # ``post_delay`` (``LedgerPort.post``).
+    within: float | None = None
 
 
 # --- event feed ----------------------------------------------------------------------------

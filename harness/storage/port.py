@@ -177,6 +177,9 @@ class LedgerPort(ABC):
         # awaits (or the close) came in since the batch began, which ends that wait.
         self._grouping: trio.CancelScope | None = None
         self._reply_waiting = False
+        # Whether that wait is a longer one a post asked for (``post(within=…)``): then
+        # each post that joins it brings its deadline to its own bound.
+        self._lingering = False
         # Per session, a mark that changes whenever this process sees input added to
         # its inbox: committed by its own writer, or read from the log as another
         # daemon's. A session actor that read an empty inbox at mark M need not read it
@@ -307,11 +310,20 @@ class LedgerPort(ABC):
                     # writer sleeps meanwhile rather than waiting on the mailbox, so a
                     # post queues without waking it (a scheduler round each); a write
                     # that someone awaits, or the writer's close, ends the wait at once.
-                    with trio.move_on_after(self.post_delay) as grouping:
+                    # A post that asked to wait longer does, unless others are queued
+                    # behind it already (their bound would not be kept).
+                    delay = self.post_delay
+                    within = first.within
+                    queued = self._mailbox_receive.statistics().current_buffer_used
+                    if within is not None and within > delay and not queued:
+                        delay = within
+                        self._lingering = True
+                    with trio.move_on_after(delay) as grouping:
                         self._grouping = grouping
                         if not self._reply_waiting:
                             await trio.sleep_forever()
                     self._grouping = None
+                    self._lingering = False
                 # Every write queued by now goes in this batch (no await until it is
                 # taken), so none is left waiting, unless the batch is full.
                 self._reply_waiting = False
@@ -474,12 +486,37 @@ class LedgerPort(ABC):
         *,
         blobs: Sequence[tuple[str, bytes]] = (),
         fence: tuple[str, int] | None = None,
+        within: float | None = None,
     ) -> None:
-        """Fire-and-forget write, ordered with every other write."""
+        """Fire-and-forget write, ordered with every other write.
+
+        It waits up to the writer's ``post_delay`` for other writes to share its
+        transaction; ``within`` (seconds) lets a post nobody needs soon wait longer, so
+        that what follows it joins it instead of making a transaction of its own (the
+        assistant message a step opens as it asks the model: ``Recorder.open``). Any
+        other post that joins the wait is still committed within its own bound, and a
+        write someone awaits ends the wait at once. Without group commit
+        (``post_delay`` 0) nothing waits.
+        """
         lease = fence or current_lease.get()
-        self._mailbox_send.send_nowait(WriteEvents(events, blobs=blobs, fence=lease))
+        self._mailbox_send.send_nowait(
+            WriteEvents(events, blobs=blobs, fence=lease, within=within)
+        )
         if lease is not None:
             self._unsettled[lease[0]] = self._unsettled.get(lease[0], 0) + 1
+        if self._lingering:
+            self._joined(within)
+
+    def _joined(self, within: float | None) -> None:
+        """A post joined a longer wait (``post(within=…)``): the batch is committed by
+        this post's own bound at the latest. Only the first one to join need act: any
+        later post's bound is later still (a ``within`` shorter than ``post_delay``
+        counts as ``post_delay``, as for the first post of a batch)."""
+        grouping = self._grouping
+        if grouping is not None:
+            bound = max(self.post_delay, within or 0.0)
+            grouping.deadline = min(grouping.deadline, trio.current_time() + bound)
+            self._lingering = bound > self.post_delay  # a long one: the next may shorten it
 
     async def write(
         self,

@@ -1230,6 +1230,8 @@ class PostgresLedger(LedgerPort):
                 WriteEvents((), fence=(session_id, epoch), release=True)
             )
             self._unsettled[session_id] = self._unsettled.get(session_id, 0) + 1
+            if self._lingering:
+                self._joined(None)
 
     async def _release_all(self) -> None:
         held, self._held = list(self._held.items()), {}
