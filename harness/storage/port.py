@@ -151,6 +151,9 @@ class ClusterHooks:
     # tail may leave out what only a subscriber would hear (issue 18). Without it, the
     # feed carries every event.
     subscribers: Callable[[], int] | None = None
+    # Whether this daemon starts new turns now (not busy: actors/admission.py): while it
+    # is not, its scan leaves input no daemon has claimed yet to the others.
+    accepting: Callable[[], bool] = lambda: True
 
 
 class LedgerPort(ABC):

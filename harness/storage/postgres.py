@@ -1276,7 +1276,10 @@ class PostgresLedger(LedgerPort):
                     log.warning("lease lost", session_id=session_id, epoch=epoch)
                     if self.hooks is not None:
                         self.hooks.lost(session_id)
-            await self._take_over([s for s in orphans if s not in self._held])
+            accepting = self.hooks is None or self.hooks.accepting()
+            await self._take_over(
+                [s for s, turn in orphans if s not in self._held and (turn or accepting)]
+            )
 
     async def _take_over(self, orphans: list[str]) -> None:
         """Claim, in one transaction, a batch of sessions whose holder stopped renewing,
@@ -1332,8 +1335,16 @@ class PostgresLedger(LedgerPort):
 
         return self._retrying("_control", work)
 
-    def _renew_sync(self, held: Sequence[tuple[str, int]]) -> tuple[set[str], list[str]]:
-        def work(conn: psycopg.Connection[tuple[Any, ...]]) -> tuple[set[str], list[str]]:
+    def _renew_sync(
+        self, held: Sequence[tuple[str, int]]
+    ) -> tuple[set[str], list[tuple[str, bool]]]:
+        """The leases of ``held`` still this daemon's, renewed; and the sessions with
+        work no live lease covers, each with whether it has a claimed turn (work in
+        flight, taken over whatever the load) or only input waiting (a new turn)."""
+
+        def work(
+            conn: psycopg.Connection[tuple[Any, ...]],
+        ) -> tuple[set[str], list[tuple[str, bool]]]:
             kept: set[str] = set()
             if held:
                 rows = conn.execute(
@@ -1346,10 +1357,12 @@ class PostgresLedger(LedgerPort):
                 kept = {row[0] for row in rows}
             # Work whose lease lapsed or was never taken: a claimed turn, or input waiting.
             orphans = conn.execute(
-                "SELECT w.session_id FROM (SELECT session_id FROM turns UNION"
-                " SELECT session_id FROM inbox) w LEFT JOIN leases l ON l.session_id = w.session_id"
+                "SELECT w.session_id, bool_or(w.turn) FROM (SELECT session_id, true AS turn"
+                " FROM turns UNION ALL SELECT session_id, false FROM inbox) w"
+                " LEFT JOIN leases l ON l.session_id = w.session_id"
                 " WHERE l.session_id IS NULL OR l.expires < extract(epoch FROM clock_timestamp())"
+                " GROUP BY w.session_id"
             ).fetchall()
-            return kept, [row[0] for row in orphans]
+            return kept, [(str(row[0]), bool(row[1])) for row in orphans]
 
         return self._retrying("_control", work)
