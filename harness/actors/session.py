@@ -234,11 +234,12 @@ class SessionActor:
         self.mailbox.close()
 
     def _cancel_turn(self) -> bool:
-        if self._gate_scope is not None and self._ledger.inbox(self.session_id):
-            # A turn waiting for the daemon to admit it: it starts now, as cancelled.
-            self._cancel_next = True
+        if self._gate_scope is not None:
+            # A turn waiting for the daemon to admit it starts now, as cancelled; if its
+            # input is gone (a delete took it first), the wait just ends.
             self._gate_scope.cancel()
-            return True
+            self._cancel_next = bool(self._ledger.inbox(self.session_id))
+            return self._cancel_next
         if self._turn_scope is None:
             return False
         self._turn_scope.cancel()
