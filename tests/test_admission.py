@@ -9,6 +9,7 @@ steps looks like to everything else on it.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,6 +19,7 @@ from typing import Any
 import trio
 
 from harness.actors.admission import TurnGate
+from harness.actors.collector import FULL_THRESHOLD, collect_when_idle
 from harness.config import Config
 from harness.providers.scripted import ScriptedProvider
 from harness.runtime import Harness, open_harness
@@ -141,6 +143,37 @@ async def test_a_gate_of_zero_seconds_never_holds_a_turn() -> None:
             admission = await gate.admit()
         assert gate.waited == 0
         admission.release()
+
+
+# --- a daemon's full GC passes, out of its busy moments -----------------------------------
+
+
+async def test_a_due_full_collection_waits_for_an_idle_loop() -> None:
+    full: list[int] = []
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "stop" and info["generation"] == 2:
+            full.append(1)
+
+    default = gc.get_threshold()[2]
+    gc.callbacks.append(count)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(collect_when_idle)
+            assert gc.get_threshold()[2] == FULL_THRESHOLD
+            async with busy_loop():
+                for _ in range(default):
+                    gc.collect(1)  # each counts towards the next full pass
+                full.clear()
+                await trio.sleep(1.5)
+                assert full == []  # due, but the loop is busy
+            with trio.fail_after(DEADLINE):
+                while not full:  # once the loop is idle (about 3 s of a 1 s average)
+                    await trio.sleep(0.1)
+            nursery.cancel_scope.cancel()
+    finally:
+        gc.callbacks.remove(count)
+    assert gc.get_threshold()[2] == default
 
 
 # --- through the harness (SQLite) --------------------------------------------------------
