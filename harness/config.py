@@ -109,7 +109,7 @@ class Config:
     lease_seconds: float = 10.0
     # The longest a new turn waits for a busy daemon to finish the steps of the turns it
     # runs before starting it (harness/actors/admission.py); 0: new turns never wait.
-    admission_seconds: float = 5.0
+    admission_seconds: float = 2.0
 
     def __post_init__(self) -> None:
         self.home = Path(self.home).expanduser()
