@@ -841,7 +841,7 @@ async def _open_harness(config: Config, *, session_mcp: bool = False) -> AsyncIt
                 CancelSession(session_id, trio.open_memory_channel[bool](1)[0])
             ),
             subscribers=lambda: feed.subscribers,
-            accepting=services.admission.accepting,
+            room=services.admission.room,
         )
         feed.relay = ledger.live
 

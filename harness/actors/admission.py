@@ -139,7 +139,15 @@ class TurnGate:
     def accepting(self) -> bool:
         """Whether a new turn would be admitted now, without waiting: what another
         daemon's input, heard of through the shared ledger, is taken on by."""
-        return self._load is None or (not self._waiting and self._free())
+        return self.room() > 0
+
+    def room(self) -> int:
+        """How many new turns would be admitted now, without waiting."""
+        if self._load is None or self.bound <= 0:
+            return 1 << 30
+        if self._waiting or self.load() >= self._busy:
+            return 0
+        return max(self._max_starting - self._starting, 0)
 
     def _free(self) -> bool:
         return self._starting < self._max_starting and self.load() < self._busy

@@ -248,11 +248,13 @@ class SessionActor:
     async def _admitted(self) -> None:
         """Wait until the daemon admits a new turn of this session (actors/admission.py):
         it finishes the steps of the turns it runs first. A child's turn is part of its
-        parent's, already running, and a session this daemon took over from a lapsed
-        holder carries on work in flight: neither waits."""
+        parent's, already running; a session the daemon's scan claimed before this actor
+        did (a lapsed holder's turn, or input the scan took as there was room) was
+        admitted by that scan: neither waits."""
         if self._admission is not None or self._cancel_next or self._parent_span is not None:
             return
-        if self._ledger.cluster and self._ledger.held_epoch(self.session_id) is not None:
+        ledger = self._ledger
+        if ledger.cluster and self.lease is None and ledger.held_epoch(self.session_id) is not None:
             return
         with trio.CancelScope() as scope:
             self._gate_scope = scope

@@ -1276,10 +1276,12 @@ class PostgresLedger(LedgerPort):
                     log.warning("lease lost", session_id=session_id, epoch=epoch)
                     if self.hooks is not None:
                         self.hooks.lost(session_id)
-            accepting = self.hooks is None or self.hooks.accepting()
-            await self._take_over(
-                [s for s, turn in orphans if s not in self._held and (turn or accepting)]
-            )
+            # Claimed turns whose holder lapsed are taken whatever the load (failover);
+            # input never claimed only as far as this daemon has room to start it.
+            room = self.hooks.room() if self.hooks is not None else 0
+            free = [(s, turn) for s, turn in orphans if s not in self._held]
+            inputs = [s for s, turn in free if not turn][: max(room, 0)]
+            await self._take_over([s for s, turn in free if turn] + inputs)
 
     async def _take_over(self, orphans: list[str]) -> None:
         """Claim, in one transaction, a batch of sessions whose holder stopped renewing,
