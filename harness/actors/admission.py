@@ -48,6 +48,7 @@ MAX_STARTING = 8  # admitted turns not at their first step yet, at most (unless 
 OVERDUE_STARTING = 32  # the same, for turns that waited the bound
 LOAD_WINDOW = 0.1  # seconds: the time constant of the busy share's average
 TICK = 0.01  # seconds between looks at the load while turns wait
+PER_TICK = 2  # turns let through a look at most: starts spread out, not in one batch
 
 
 class LoopLoad(trio.abc.Instrument):
@@ -193,7 +194,9 @@ class TurnGate:
 
     def _admit_waiting(self, now: float) -> None:
         waiting = self._waiting
-        while waiting:
+        for _ in range(PER_TICK):
+            if not waiting:
+                return
             if now - waiting[0].since < self.bound:
                 if not self._free():
                     return
