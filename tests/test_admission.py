@@ -335,3 +335,37 @@ def test_input_left_waiting_by_a_busy_daemon_is_run_by_an_idle_one(
         except subprocess.TimeoutExpired:
             idle.kill()
 
+
+
+async def test_input_nobody_claimed_is_taken_by_a_busy_daemon_after_a_lease(
+    postgres_schema: str, tmp_path: Path, project: Path
+) -> None:
+    """Input whose daemon died before claiming it: a busy daemon's scan leaves such input
+    to daemons with room, but not for good: after a lease's time it takes it anyway."""
+    import json
+
+    from harness.messages.events import NewEvent
+    from harness.messages.model import InboxItem
+
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps([{"text": "taken over"}]))
+    busy = Config(
+        home=tmp_path / "home",
+        model=f"scripted:{model}",
+        ledger=postgres_schema,
+        lease_seconds=1,
+        admission_seconds=60,
+        interactive=False,
+    )
+    async with open_harness(busy) as h:
+        session_id = (await h.create_session(project)).id
+        async with busy_loop():
+            # Written as a daemon that then died would have: durable, and nobody woken.
+            item = InboxItem(id="msg_orphan", session_id=session_id, text="go", created=time.time())
+            await h.ledger.write([NewEvent.of("inbox.added", session_id, item)])
+            start = trio.current_time()
+            with trio.fail_after(DEADLINE):
+                while not of_type(h, "turn.finished"):
+                    await trio.sleep(0.05)
+            assert trio.current_time() - start >= 0.9  # not taken while within a lease
+        assert of_type(h, "turn.finished")[0].data["answer"] == "taken over"

@@ -153,11 +153,16 @@ class TurnGate:
     def _free(self) -> bool:
         return self._starting < self._max_starting and self.load() < self._busy
 
+    def enter(self) -> Admission:
+        """A turn admitted already, without waiting (its session taken over by the scan,
+        which looked at the room itself): counted among those starting."""
+        self._starting += 1
+        return Admission(self)
+
     async def admit(self) -> Admission:
         """Wait until a new turn may start (at once when the loop has room)."""
         if self._load is None or self.bound <= 0 or (not self._waiting and self._free()):
-            self._starting += 1
-            return Admission(self)
+            return self.enter()
         waiter = _Waiter(trio.current_time())
         self._waiting.append(waiter)
         self._wake.set()

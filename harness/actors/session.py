@@ -255,6 +255,7 @@ class SessionActor:
             return
         ledger = self._ledger
         if ledger.cluster and self.lease is None and ledger.held_epoch(self.session_id) is not None:
+            self._admission = self._services.admission.enter()
             return
         with trio.CancelScope() as scope:
             self._gate_scope = scope

@@ -453,6 +453,9 @@ class PostgresLedger(LedgerPort):
         # Who this daemon is in the leases table: unique per process start.
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._held: dict[str, int] = {}  # session_id -> epoch, the leases this daemon holds
+        # Sessions whose input no daemon has claimed, each with when this daemon's scan
+        # first saw it so (``_keep_leases``): past a lease's time, taken whatever the load.
+        self._unclaimed: dict[str, float] = {}
         # Claims, releases and renewals share one connection from several worker threads:
         # one transaction at a time on it.
         self._control_lock = threading.Lock()
@@ -1277,10 +1280,18 @@ class PostgresLedger(LedgerPort):
                     if self.hooks is not None:
                         self.hooks.lost(session_id)
             # Claimed turns whose holder lapsed are taken whatever the load (failover);
-            # input never claimed only as far as this daemon has room to start it.
+            # input never claimed only as far as this daemon has room to start it, unless
+            # it has waited a whole lease (the daemon it was sent to died before claiming
+            # it): a busy daemon would otherwise leave it waiting for good.
             room = self.hooks.room() if self.hooks is not None else 0
             free = [(s, turn) for s, turn in orphans if s not in self._held]
-            inputs = [s for s, turn in free if not turn][: max(room, 0)]
+            now = trio.current_time()
+            seen = self._unclaimed
+            self._unclaimed = {s: seen.get(s, now) for s, turn in free if not turn}
+            inputs = [s for s, turn in free if not turn]
+            overdue = [s for s in inputs if now - self._unclaimed[s] >= self.lease_seconds]
+            late = set(overdue)
+            inputs = overdue + [s for s in inputs if s not in late][: max(room, 0)]
             await self._take_over([s for s, turn in free if turn] + inputs)
 
     async def _take_over(self, orphans: list[str]) -> None:
