@@ -92,7 +92,8 @@ def run(url: str, daemons: int, args: argparse.Namespace, work: Path) -> dict[st
     model_file = work / "model.json"
     model_file.write_text(json.dumps(steps))
     config = work / "config.toml"
-    config.write_text(f"lease_seconds = {args.lease}\n")
+    admission = "" if args.admission is None else f"admission_seconds = {args.admission}\n"
+    config.write_text(f"lease_seconds = {args.lease}\n{admission}")
     processes: list[subprocess.Popen[bytes]] = []
     clients: list[Client] = []
     sockets = Path(tempfile.mkdtemp(prefix="hc", dir="/tmp"))
@@ -287,6 +288,12 @@ def main() -> None:
         "--prompters", type=int, default=8, help="threads sending the prompts (1: one by one)"
     )
     parser.add_argument("--failover", action="store_true", help="kill -9 one daemon mid-run")
+    parser.add_argument(
+        "--admission",
+        type=float,
+        help="admission_seconds: the longest a new turn waits for a busy daemon (default: "
+        "the config's; not passed at all when omitted, so older trees run too)",
+    )
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument(
         "--log-level", default="warning", help="the daemons' (kept when a run fails)"

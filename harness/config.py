@@ -107,6 +107,9 @@ class Config:
     # claim on a session lasts without renewal (then another daemon takes it over).
     ledger: str | None = None
     lease_seconds: float = 10.0
+    # The longest a new turn waits for a busy daemon to finish the steps of the turns it
+    # runs before starting it (harness/actors/admission.py); 0: new turns never wait.
+    admission_seconds: float = 2.0
 
     def __post_init__(self) -> None:
         self.home = Path(self.home).expanduser()
@@ -124,6 +127,10 @@ class Config:
             self.ledger = check_ledger_url(str(self.ledger))
         if not 0 < self.lease_seconds <= 3600:
             raise ConfigError(f"lease_seconds={self.lease_seconds}: expected 0 < seconds <= 3600")
+        if not 0 <= self.admission_seconds <= 3600:
+            raise ConfigError(
+                f"admission_seconds={self.admission_seconds}: expected 0 <= seconds <= 3600"
+            )
 
     @classmethod
     def from_env(cls, **overrides: object) -> Config:

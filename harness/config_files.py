@@ -109,6 +109,8 @@ class ConfigFile(_Strict):
     # The shared PostgreSQL ledger (DESIGN §14, docs/postgresql.md): a URL, no password.
     ledger: str | None = None
     lease_seconds: float | None = Field(default=None, gt=0, le=3600)
+    # How long a new turn may wait for a busy daemon (docs/architecture.md, admission).
+    admission_seconds: float | None = Field(default=None, ge=0, le=3600)
 
 
 DEFAULTS: dict[str, Any] = {"model": DEFAULT_MODEL, "agent": "build", "sandbox": "workspace-write"}
@@ -265,7 +267,7 @@ def daemon_cannot_apply(parsed: ConfigFile) -> list[str]:
     the daemon's process once, from its global file."""
     keys = (
         "providers", "budget", "sandbox", "mcp", "mcp_search_threshold", "tools", "ledger",
-        "lease_seconds",
+        "lease_seconds", "admission_seconds",
     )
     return [key for key in keys if getattr(parsed, key) not in (None, {}, [])]
 
@@ -391,6 +393,7 @@ def config_overrides(settings: Settings) -> dict[str, Any]:
         "mcp_search_threshold": values.get("mcp_search_threshold"),
         "ledger": values.get("ledger"),
         "lease_seconds": values.get("lease_seconds"),
+        "admission_seconds": values.get("admission_seconds"),
     }
 
 

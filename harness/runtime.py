@@ -30,6 +30,7 @@ import structlog
 import trio
 
 from harness import frontmatter, snapshots
+from harness.actors.admission import TurnGate
 from harness.actors.event_feed import EventFeed, overflow_event, subscription
 from harness.actors.new_session import new_session, record_session
 from harness.actors.permission import Permission
@@ -814,6 +815,7 @@ async def _open_harness(config: Config, *, session_mcp: bool = False) -> AsyncIt
         limiters=ProviderLimiters(config.provider_limits),
         mcp=hub,
         agents=AgentBook(config.agents, files=config.agent_files),
+        admission=TurnGate(config.admission_seconds),
     )
     supervisor = Supervisor(services)
     # Before any session runs: MCP servers a dead harness left behind (an indexed read of
@@ -839,6 +841,7 @@ async def _open_harness(config: Config, *, session_mcp: bool = False) -> AsyncIt
                 CancelSession(session_id, trio.open_memory_channel[bool](1)[0])
             ),
             subscribers=lambda: feed.subscribers,
+            room=services.admission.room,
         )
         feed.relay = ledger.live
 

@@ -32,6 +32,7 @@ import structlog
 import trio
 from pydantic import BaseModel, ValidationError
 
+from harness.actors.collector import collect_when_idle
 from harness.agents import UnknownAgentError
 from harness.config import Config, ConfigError
 from harness.config_files import daemon_cannot_apply, file_rules, read_project
@@ -1084,6 +1085,8 @@ async def serve(
                 await handle_connection(h, stream, limits, gate)
 
             await nursery.start(trio.serve_listeners, handler, [listener])
+            # The daemon's full GC passes out of its busy moments (actors/collector.py).
+            await nursery.start(collect_when_idle)
             log.info(
                 "daemon listening",
                 socket=str(path),

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from harness.actors.admission import TurnGate
 from harness.agent_files import AgentBook
 from harness.config import Config
 from harness.context.budget import Budget
@@ -50,6 +51,8 @@ class SessionServices:
 
     # The agents each session may use (built-in, global, its project's).
     agents: AgentBook = field(default_factory=lambda: AgentBook({}, files=False))
+    # When a new turn may start: the steps of the turns going first (actors/admission.py).
+    admission: TurnGate = field(default_factory=TurnGate)
 
     def limiter_for(self, model: str, base_url: str | None) -> ProviderLimiter | None:
         """The shared limiter of the server a session's model talks to; None for what

@@ -25,6 +25,7 @@ from typing import Any
 import structlog
 import trio
 
+from harness.actors.admission import Admission
 from harness.actors.recovery import (
     MAX_RESUMES,
     RestartPolicy,
@@ -101,6 +102,12 @@ class SessionActor:
         # inbox, the row and the history, used once each by the reads that follow it.
         self._claim_reads: ClaimReads | None = None
         self._saves = 0  # writes of the session row by this actor (``_save``), counted
+        # The daemon's admission of this actor's next turn (actors/admission.py): held from
+        # when the turn may start to its first step. ``_gate_scope``: the wait for it, which
+        # a cancel ends; ``_cancel_next``: the turn that waited is then run as cancelled.
+        self._admission: Admission | None = None
+        self._gate_scope: trio.CancelScope | None = None
+        self._cancel_next = False
         self._run_scope: trio.CancelScope | None = None
         self._builder = TurnBuilder(
             services=services,
@@ -144,6 +151,7 @@ class SessionActor:
                     nursery.cancel_scope.cancel()
             finally:
                 self.closing = True
+                self._started()
                 self._answer_leftovers()
                 if self._provider is not None:
                     with trio.CancelScope(shield=True):
@@ -210,22 +218,66 @@ class SessionActor:
             await self._ledger.release(self.session_id)
             self.lease = None
 
+    def _held_elsewhere(self) -> None:
+        """Another daemon holds the session: it runs the input. A cancel this actor took
+        for a turn still waiting here goes to that daemon, as a cancel through the API
+        would."""
+        if self._cancel_next:
+            self._cancel_next = False
+            self._ledger.post(
+                [NewEvent("cancel.requested", self.session_id, {"by": self._ledger.location})]
+            )
+        self._give_up()
+
     def _give_up(self) -> None:
         self.closing = True
         self.mailbox.close()
 
     def _cancel_turn(self) -> bool:
+        if self._gate_scope is not None:
+            # A turn waiting for the daemon to admit it starts now, as cancelled; if its
+            # input is gone (a delete took it first), the wait just ends.
+            self._gate_scope.cancel()
+            self._cancel_next = bool(self._ledger.inbox(self.session_id))
+            return self._cancel_next
         if self._turn_scope is None:
             return False
         self._turn_scope.cancel()
         return True
 
+    async def _admitted(self) -> None:
+        """Wait until the daemon admits a new turn of this session (actors/admission.py):
+        it finishes the steps of the turns it runs first. A child's turn is part of its
+        parent's, already running; a session the daemon's scan claimed before this actor
+        did (a lapsed holder's turn, or input the scan took as there was room) was
+        admitted by that scan: neither waits."""
+        if self._admission is not None or self._cancel_next or self._parent_span is not None:
+            return
+        ledger = self._ledger
+        if ledger.cluster and self.lease is None and ledger.held_epoch(self.session_id) is not None:
+            self._admission = self._services.admission.enter()
+            return
+        with trio.CancelScope() as scope:
+            self._gate_scope = scope
+            try:
+                self._admission = await self._services.admission.admit()
+            finally:
+                self._gate_scope = None
+
+    def _started(self) -> None:
+        """The admitted turn is at its first step (or will not start): its place among
+        the turns starting goes back to the daemon."""
+        if self._admission is not None:
+            self._admission.release()
+            self._admission = None
+
     # --- intake: the inbox, one turn at a time ----------------------------------------------
 
     async def _serve_inbox(self, nursery: trio.Nursery) -> None:
         """Run the inbox's items as turns, in order, until idle for ``idle_release``."""
+        await self._admitted()
         if not await self._hold():
-            self._give_up()
+            self._held_elsewhere()
             return
         # A turn claimed and never finished was cut short by a crash: it goes first.
         await self._resume_claimed()
@@ -234,6 +286,8 @@ class SessionActor:
             inbox = await self._read_inbox(mark)
             if not inbox:
                 self._claim_reads = None
+                self._started()  # nothing to start after all
+                self._cancel_next = False
                 await self._let_go()
                 with trio.move_on_after(self._idle_release or math.inf):
                     await self._wake.wait()
@@ -247,8 +301,9 @@ class SessionActor:
                     return
                 self._wake = trio.Event()
                 continue
+            await self._admitted()
             if not await self._hold():
-                self._give_up()
+                self._held_elsewhere()
                 return
             # Once the item is taken, an inbox that held only it is empty as of ``mark``.
             await self._claim(inbox[0], nursery, empty_at=mark if len(inbox) == 1 else None)
@@ -297,6 +352,7 @@ class SessionActor:
         ], message
 
     async def _take_steered(self) -> None:
+        self._started()  # called at each step boundary: the turn's first step is here
         mark = self._ledger.inbox_mark(self.session_id)
         if mark == self._unsteered_at:
             return  # nothing added since the inbox last held no steered input
@@ -463,6 +519,7 @@ class SessionActor:
                 await self._ledger_failed(message_id, error)
                 return
             finally:
+                self._started()
                 if result is None and self._parent_span is not None:
                     # A child dies with its parent's call: it is cancelled, not to be
                     # resumed. (The cancel may arrive wrapped in an exception group,
@@ -503,6 +560,9 @@ class SessionActor:
             try:
                 with trio.CancelScope() as scope:
                     self._turn_scope = scope
+                    if self._cancel_next:  # cancelled while it waited to be admitted
+                        self._cancel_next = False
+                        scope.cancel()
                     return await self._attempt(turn, seeded)
                 # Only a cancel of this scope lands here (CancelTurn).
                 return await self._stopped(turn.message_id, "cancelled", "cancelled")

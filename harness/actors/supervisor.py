@@ -41,6 +41,7 @@ class Supervisor:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
+            await nursery.start(self._services.admission.run)
             # What a previous process left: turns it claimed and never finished, and
             # input that was durable but never taken. Both carry on now.
             ledger = self._services.ledger
@@ -61,6 +62,8 @@ class Supervisor:
                     if isinstance(message, WakeSession):
                         if message.orphan:
                             self._orphans.add(message.session_id)
+                        if message.remote and not self._takes_on(message):
+                            continue
                         if message.remote and not await self._remote_wake(message.session_id):
                             continue
                         self._actor(nursery, message.session_id).mailbox.send_nowait(Wake())
@@ -75,6 +78,19 @@ class Supervisor:
                         else:
                             actor.mailbox.send_nowait(CancelTurn(message.reply))
             nursery.cancel_scope.cancel()
+
+    def _takes_on(self, wake: WakeSession) -> bool:
+        """Whether to act on input another daemon took in (heard of through the shared
+        ledger): not while this daemon is busy, unless it runs the session (then the
+        input is its to run). The daemon it was sent to starts it, or, if that one is
+        busy too and this one frees up first, this daemon's scan of waiting input does."""
+        session_id = wake.session_id
+        return (
+            wake.orphan
+            or session_id in self._actors
+            or self._services.ledger.holds(session_id)
+            or self._services.admission.accepting()
+        )
 
     async def _abandon_child_turn(self, session_id: str, message_id: str) -> None:
         """End a child's turn that no process runs any more.

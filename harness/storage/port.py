@@ -151,6 +151,9 @@ class ClusterHooks:
     # tail may leave out what only a subscriber would hear (issue 18). Without it, the
     # feed carries every event.
     subscribers: Callable[[], int] | None = None
+    # How many new turns this daemon would start now (0 while busy: actors/admission.py):
+    # its scan takes at most that many sessions whose input no daemon has claimed yet.
+    room: Callable[[], int] = lambda: 1 << 30
 
 
 class LedgerPort(ABC):

@@ -453,6 +453,9 @@ class PostgresLedger(LedgerPort):
         # Who this daemon is in the leases table: unique per process start.
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._held: dict[str, int] = {}  # session_id -> epoch, the leases this daemon holds
+        # Sessions whose input no daemon has claimed, each with when this daemon's scan
+        # first saw it so (``_keep_leases``): past a lease's time, taken whatever the load.
+        self._unclaimed: dict[str, float] = {}
         # Claims, releases and renewals share one connection from several worker threads:
         # one transaction at a time on it.
         self._control_lock = threading.Lock()
@@ -1278,7 +1281,20 @@ class PostgresLedger(LedgerPort):
                     log.warning("lease lost", session_id=session_id, epoch=epoch)
                     if self.hooks is not None:
                         self.hooks.lost(session_id)
-            await self._take_over([s for s in orphans if s not in self._held])
+            # Claimed turns whose holder lapsed are taken whatever the load (failover);
+            # input never claimed only as far as this daemon has room to start it, unless
+            # it has waited a whole lease (the daemon it was sent to died before claiming
+            # it): a busy daemon would otherwise leave it waiting for good.
+            room = self.hooks.room() if self.hooks is not None else 0
+            free = [(s, turn) for s, turn in orphans if s not in self._held]
+            now = trio.current_time()
+            seen = self._unclaimed
+            self._unclaimed = {s: seen.get(s, now) for s, turn in free if not turn}
+            inputs = [s for s, turn in free if not turn]
+            overdue = [s for s in inputs if now - self._unclaimed[s] >= self.lease_seconds]
+            late = set(overdue)
+            inputs = overdue + [s for s in inputs if s not in late][: max(room, 0)]
+            await self._take_over([s for s, turn in free if turn] + inputs)
 
     async def _take_over(self, orphans: list[str]) -> None:
         """Claim, in one transaction, a batch of sessions whose holder stopped renewing,
@@ -1334,8 +1350,16 @@ class PostgresLedger(LedgerPort):
 
         return self._retrying("_control", work)
 
-    def _renew_sync(self, held: Sequence[tuple[str, int]]) -> tuple[set[str], list[str]]:
-        def work(conn: psycopg.Connection[tuple[Any, ...]]) -> tuple[set[str], list[str]]:
+    def _renew_sync(
+        self, held: Sequence[tuple[str, int]]
+    ) -> tuple[set[str], list[tuple[str, bool]]]:
+        """The leases of ``held`` still this daemon's, renewed; and the sessions with
+        work no live lease covers, each with whether it has a claimed turn (work in
+        flight, taken over whatever the load) or only input waiting (a new turn)."""
+
+        def work(
+            conn: psycopg.Connection[tuple[Any, ...]],
+        ) -> tuple[set[str], list[tuple[str, bool]]]:
             kept: set[str] = set()
             if held:
                 rows = conn.execute(
@@ -1348,10 +1372,12 @@ class PostgresLedger(LedgerPort):
                 kept = {row[0] for row in rows}
             # Work whose lease lapsed or was never taken: a claimed turn, or input waiting.
             orphans = conn.execute(
-                "SELECT w.session_id FROM (SELECT session_id FROM turns UNION"
-                " SELECT session_id FROM inbox) w LEFT JOIN leases l ON l.session_id = w.session_id"
+                "SELECT w.session_id, bool_or(w.turn) FROM (SELECT session_id, true AS turn"
+                " FROM turns UNION ALL SELECT session_id, false FROM inbox) w"
+                " LEFT JOIN leases l ON l.session_id = w.session_id"
                 " WHERE l.session_id IS NULL OR l.expires < extract(epoch FROM clock_timestamp())"
+                " GROUP BY w.session_id"
             ).fetchall()
-            return kept, [row[0] for row in orphans]
+            return kept, [(str(row[0]), bool(row[1])) for row in orphans]
 
         return self._retrying("_control", work)
