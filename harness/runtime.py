@@ -67,7 +67,7 @@ from harness.providers.table import named_providers
 from harness.secrets import refresh_secrets
 from harness.storage.backend import open_ledger
 from harness.storage.lock import LockHolder, hold_ledger
-from harness.storage.port import ClusterHooks, LedgerPort
+from harness.storage.port import ClusterHooks, LedgerMissing, LedgerPort
 from harness.tools.registry import builtin_tools, tool_specs, tool_table
 from harness.tools.sandbox import Sandbox
 
@@ -309,8 +309,12 @@ class Harness:
         ``PromptConflict``, never a prompt silently dropped. ``max_steps`` limits this
         turn only.
         """
-        # Not ``self.session``: a prompt's reads are a turn's fixed cost (issue 18).
-        if await self.ledger.session_async(session_id) is None:
+        # Looked up first, so an unknown session is told as such before anything else.
+        # A plain prompt reads nothing: its commit checks the session exists (``exists``),
+        # under the append lock, so no deletion slips in between (issue 18: a read a
+        # prompt, blocking the event loop on a shared ledger).
+        looked_up = not text.strip() or message_id is not None
+        if looked_up and await self.ledger.session_async(session_id) is None:
             raise UnknownSession(f"no session {session_id}")
         if not text.strip():
             raise HarnessError("the prompt is empty")
@@ -339,7 +343,12 @@ class Harness:
             compact=compact,
             created=time.time(),
         )
-        await self.ledger.write([NewEvent.of("inbox.added", session_id, item)])
+        try:
+            await self.ledger.write(
+                [NewEvent.of("inbox.added", session_id, item)], exists=session_id
+            )
+        except LedgerMissing:
+            raise UnknownSession(f"no session {session_id}") from None
         await self._supervisor.mailbox.send(WakeSession(session_id))
         return item.id
 

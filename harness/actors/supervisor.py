@@ -61,7 +61,9 @@ class Supervisor:
                     if isinstance(message, WakeSession):
                         if message.orphan:
                             self._orphans.add(message.session_id)
-                        if message.remote and not await self._remote_wake(message.session_id):
+                        if message.remote and not await self._remote_wake(
+                            message.session_id, orphan=message.orphan
+                        ):
                             continue
                         self._actor(nursery, message.session_id).mailbox.send_nowait(Wake())
                     elif isinstance(message, LeaseLost):
@@ -96,13 +98,22 @@ class Supervisor:
         finally:
             await ledger.release(session_id)
 
-    async def _remote_wake(self, session_id: str) -> bool:
+    async def _remote_wake(self, session_id: str, *, orphan: bool = False) -> bool:
         """Whether work heard of through a shared ledger should start an actor here.
 
-        A root session: yes (its actor claims the lease, or ends if another daemon holds
-        it). A child: never; only its turns left behind by a dead daemon are ended.
+        Input another daemon committed, for a session neither held nor run here: no
+        (nothing read). That daemon woke its own actor with it, a holder elsewhere hears
+        it through its own tail, and what neither runs is taken by an orphan scan within
+        half a second. Every daemon used to read the session and claim it, in vain, at
+        every prompt that another daemon took (issue 18). Otherwise, a root session: yes
+        (its actor claims the lease, or ends if another daemon holds it). A child:
+        never; only its turns left behind by a dead daemon are ended.
         """
         ledger = self._services.ledger
+        if not orphan and not ledger.holds(session_id):
+            actor = self._actors.get(session_id)
+            if actor is None or actor.closing:
+                return False
         session = await ledger.session_async(session_id)
         if session is None:
             await ledger.release(session_id)  # claimed as an orphan: nothing to run

@@ -70,6 +70,10 @@ class WriteEvents:
     # With ``fence``: give that lease back in the same transaction (a turn's last write
     # with nothing queued), instead of a transaction of its own (issue 18).
     release: bool = False
+    # A session that must exist for the write to be made, checked in its transaction: a
+    # prompt's look-up, without a read of its own before it (issue 18). Refused as a
+    # whole (``LedgerMissing``) if the session does not exist, or no longer does.
+    exists: str | None = None
 
 
 # --- event feed ----------------------------------------------------------------------------

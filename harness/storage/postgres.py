@@ -51,7 +51,9 @@ from harness.storage.port import (
     ClaimReads,
     LedgerError,
     LedgerFenced,
+    LedgerMissing,
     LedgerPort,
+    LedgerRefused,
 )
 from harness.storage.projections import PROJECTIONS
 
@@ -116,7 +118,7 @@ class _Attempt:
 
     def __init__(self) -> None:
         self.first: tuple[int, float, str, str] | None = None
-        self.result: list[list[Event] | LedgerFenced] = []
+        self.result: list[list[Event] | LedgerRefused] = []
 
 
 def is_postgres_url(ledger: str | None) -> bool:
@@ -658,7 +660,7 @@ class PostgresLedger(LedgerPort):
 
     # --- writing ---------------------------------------------------------------------------
 
-    async def _run_commit(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerFenced]:
+    async def _run_commit(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerRefused]:
         """Commit, waiting out a lost connection with backoff for ``RECONNECT_SECONDS``."""
         import psycopg
 
@@ -679,7 +681,7 @@ class PostgresLedger(LedgerPort):
                 waited += delay
                 delay = min(delay * 2, 5.0)
 
-    def _commit(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerFenced]:
+    def _commit(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerRefused]:
         import psycopg
 
         conn = self._write
@@ -715,7 +717,7 @@ class PostgresLedger(LedgerPort):
         conn: psycopg.Connection[tuple[Any, ...]],
         batch: list[WriteEvents],
         attempt: _Attempt,
-    ) -> list[list[Event] | LedgerFenced]:
+    ) -> list[list[Event] | LedgerRefused]:
         """Append a batch in two calls and two round trips, whatever its size.
 
         The first sends BEGIN, the advisory lock, the fence check, the blobs already
@@ -731,6 +733,7 @@ class PostgresLedger(LedgerPort):
         out = attempt.result
         fences = sorted({request.fence[0] for request in batch if request.fence is not None})
         digests = [digest for request in batch for digest, _ in request.blobs]
+        required = sorted({request.exists for request in batch if request.exists is not None})
         cursor = conn.cursor()
         owned = range(0)  # the seqs this append numbers, once it sends its commit
         try:
@@ -745,19 +748,27 @@ class PostgresLedger(LedgerPort):
                     " WHERE session_id = ANY(?) FOR SHARE",
                     (fences,),
                 )
+            if required:
+                # Under the append lock: a deletion is an append too, so none lands
+                # between this look and the commit.
+                head.add("SELECT id FROM sessions WHERE id = ANY(?)", (required,))
             if digests:
                 head.add("SELECT hash FROM blobs WHERE hash = ANY(?)", (digests,))
             head.add("SELECT coalesce(max(seq), 0) FROM events", ())
             # Without values, psycopg sends a simple query: several statements, never
             # prepared (its text holds the values).
             cursor.execute(head.query(conn), prepare=False)
-            results = _result_sets(cursor)
-            seq = int(results[-1][0][0])
-            current = {row[0]: (row[1], int(row[2])) for row in results[2]} if fences else {}
-            known = {row[0] for row in results[-2]} if digests else set()
+            results = _result_sets(cursor)[2:]  # after BEGIN and the lock
+            seq = int(results.pop()[0][0])
+            current = {row[0]: (row[1], int(row[2])) for row in results.pop(0)} if fences else {}
+            present = {row[0] for row in results.pop(0)} if required else set()
+            known = {row[0] for row in results.pop(0)} if digests else set()
             rows: list[tuple[Any, ...]] = []
             writes = _Statements()
             for request in batch:
+                if request.exists is not None and request.exists not in present:
+                    out.append(LedgerMissing(f"no session {request.exists}"))
+                    continue
                 if request.fence is not None:
                     session_id, epoch = request.fence
                     if current.get(session_id, (self.owner, epoch)) != (self.owner, epoch):
@@ -784,6 +795,10 @@ class PostgresLedger(LedgerPort):
                         )
                 events: list[Event] = []
                 for new in request.events:
+                    if new.type == "session.created":
+                        present.add(new.session_id)  # a later request of the batch sees it
+                    elif new.type == "session.deleted":
+                        present.discard(new.session_id)
                     stored, text = stored_text(new.data)
                     seq += 1
                     rows.append((seq, now, new.session_id, new.type, text))

@@ -1,0 +1,137 @@
+"""A prompt's and a remote wake's fixed cost (issue 18): a prompt checks its session in
+its own commit instead of reading it first, and a daemon that hears of input another
+daemon took does not read or claim the session in vain. What must hold meanwhile: an
+unknown or deleted session is refused and nothing is written, no prompt is lost.
+Skipped (saying why) without a test database; run under CI. The ledger's own check
+is in tests/test_ledger.py (both backends)."""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from test_ledger_postgres import daemon
+
+from harness.config import Config
+from harness.messages.events import NewEvent
+from harness.storage import port
+
+
+def _inbox_added(session_id: str, message_id: str = "msg_1") -> NewEvent:
+    item = {"id": message_id, "session_id": session_id, "text": "go", "delivery": "queue",
+            "created": time.time()}  # fmt: skip
+    return NewEvent("inbox.added", session_id, item)
+
+
+def _config(tmp_path: Path, schema: str, name: str, **extra: Any) -> Config:
+    return Config(
+        home=tmp_path / f"home-{name}",
+        model=f"scripted:{tmp_path / 'model.json'}",
+        ledger=schema,
+        interactive=False,
+        sandbox="off",
+        **extra,
+    )
+
+
+async def test_a_prompt_reads_nothing_before_its_commit(
+    postgres_schema: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain prompt on a shared ledger makes no read of its own (its session is
+    checked by its commit); a prompt to an unknown session is still refused as such,
+    writing nothing."""
+    from harness.runtime import UnknownSession, open_harness
+    from harness.storage import postgres
+
+    monkeypatch.setattr(postgres, "ORPHAN_SCAN_SECONDS", 60.0)
+    (tmp_path / "model.json").write_text(json.dumps([{"text": "one"}]))
+    async with open_harness(_config(tmp_path, postgres_schema, "a")) as h:
+        ledger = h.ledger
+        session = await h.create_session(tmp_path)
+        reads: list[str] = []
+        rows = ledger._rows
+
+        def recorded(sql: str, args: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+            if any(f.filename.endswith("runtime.py") for f in traceback.extract_stack()):
+                reads.append(sql)
+            return rows(sql, args)
+
+        monkeypatch.setattr(ledger, "_rows", recorded)
+        monkeypatch.setattr(ledger, "driven_reads", False)  # every read through ``_rows``
+        result = await h.run(session.id, "go")
+        assert result.answer == "one"
+        assert port._SESSION not in reads
+        last = ledger.last_seq()
+        with pytest.raises(UnknownSession):
+            await h.prompt("ses_nope", "go")
+        assert ledger.last_seq() == last and ledger.inbox("ses_nope") == []
+
+
+async def test_input_another_daemon_took_makes_no_claim_here(
+    postgres_schema: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Daemon A takes a prompt for its session: daemon B hears of it (its tail) and
+    neither reads the session nor claims it (it used to, at every prompt A took, in
+    vain). A prompt sent through B while A runs the session still reaches A's turn."""
+    from harness.runtime import open_harness
+    from harness.storage import postgres
+
+    monkeypatch.setattr(postgres, "ORPHAN_SCAN_SECONDS", 60.0)  # only the actors' claims
+    script = [{"text": "one", "delay": 1.0}, {"text": "two"}]
+    (tmp_path / "model.json").write_text(json.dumps(script))
+    async with (
+        open_harness(_config(tmp_path, postgres_schema, "a", lease_seconds=60.0)) as a,
+        open_harness(_config(tmp_path, postgres_schema, "b", lease_seconds=60.0)) as b,
+    ):
+        claims: list[str] = []
+        claim_sync = b.ledger._claim_sync  # type: ignore[attr-defined]
+
+        def counted(session_id: str, reads: bool = False) -> Any:
+            claims.append(session_id)
+            return claim_sync(session_id, reads)
+
+        monkeypatch.setattr(b.ledger, "_claim_sync", counted)
+        session = await a.create_session(tmp_path)
+        async with a.subscribe(session.id) as events:
+            await a.prompt(session.id, "first")
+            with trio.fail_after(10):
+                while b.ledger.inbox_mark(session.id) == 0:  # B's tail has read it
+                    await trio.sleep(0.02)
+            # Then B's supervisor had the wake: let it act on it, if it would.
+            await trio.sleep(0.3)
+            assert claims == []
+            assert session.id not in b._supervisor._actors
+            # Through B, while A's turn runs: queued after it, and run by A.
+            await b.prompt(session.id, "second")
+            finished: list[str] = []
+            with trio.fail_after(20):
+                async for event in events:
+                    if event.type == "turn.finished":
+                        finished.append(event.data["answer"])
+                        if len(finished) == 2:
+                            break
+        assert finished == ["one", "two"]
+
+
+async def test_input_no_daemon_woke_is_run_by_the_orphan_scan(
+    postgres_schema: str, tmp_path: Path
+) -> None:
+    """Input committed by a daemon that died before waking its session (here: a bare
+    ledger, which wakes nothing) is run by another daemon, found by its orphan scan."""
+    from harness.runtime import open_harness
+
+    (tmp_path / "model.json").write_text(json.dumps([{"text": "one"}]))
+    async with open_harness(_config(tmp_path, postgres_schema, "b")) as b:
+        session = await b.create_session(tmp_path)
+        async with b.subscribe(session.id) as events, daemon(postgres_schema) as gone:
+            await gone.write([_inbox_added(session.id)], exists=session.id)
+            with trio.fail_after(10):
+                async for event in events:
+                    if event.type == "turn.finished":
+                        assert event.data["answer"] == "one"
+                        break
