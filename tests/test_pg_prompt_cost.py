@@ -135,3 +135,30 @@ async def test_input_no_daemon_woke_is_run_by_the_orphan_scan(
                     if event.type == "turn.finished":
                         assert event.data["answer"] == "one"
                         break
+
+
+async def test_input_on_a_free_lease_is_taken_by_the_second_scan_that_sees_it(
+    postgres_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The orphan scan takes a claimed turn, or input whose holder stopped renewing, at
+    once; input on a free lease (never taken, or given back) only once the scan before
+    saw the same input waiting: fresh input is being claimed by the daemon it was sent
+    to. A burst of prompts used to go to whichever daemon scanned first (issue 18)."""
+    from harness.storage import postgres
+
+    monkeypatch.setattr(postgres, "ORPHAN_SCAN_SECONDS", 60.0)  # only this test's scans
+    async with daemon(postgres_schema, lease_seconds=600.0) as b:
+        assert b._orphans_now([("ses_a", 7, 0.0), ("ses_b", None, 0.0), ("ses_c", 3, 5.0)]) == [
+            "ses_b",
+            "ses_c",
+        ]
+        # Still waiting: taken; new input of another session: not yet.
+        assert b._orphans_now([("ses_a", 7, 0.0), ("ses_d", 2, 0.0)]) == ["ses_a"]
+        # The same session, other input (ses_d's was claimed and run meanwhile): waits.
+        assert b._orphans_now([("ses_d", 9, 0.0)]) == []
+        assert b._orphans_now([("ses_d", 9, 0.0)]) == ["ses_d"]
+        # The scan's own query: input written where no daemon claims it, on a free lease.
+        await b.write([_inbox_added("ses_e")])
+        first = b._renew_sync([])[1]
+        assert "ses_e" not in first
+        assert "ses_e" in b._renew_sync([])[1]

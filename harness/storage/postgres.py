@@ -455,6 +455,9 @@ class PostgresLedger(LedgerPort):
         # Who this daemon is in the leases table: unique per process start.
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._held: dict[str, int] = {}  # session_id -> epoch, the leases this daemon holds
+        # Input on a free lease that the last orphan scan saw waiting, (session_id, its
+        # first seq): taken if the next scan sees it still waiting (``_orphans_now``).
+        self._unclaimed: set[tuple[str, int]] = set()
         # Claims, releases and renewals share one connection from several worker threads:
         # one transaction at a time on it.
         self._control_lock = threading.Lock()
@@ -1347,6 +1350,29 @@ class PostgresLedger(LedgerPort):
 
         return self._retrying("_control", work)
 
+    def _orphans_now(self, rows: Sequence[tuple[Any, ...]]) -> list[str]:
+        """The sessions of an orphan scan's rows to take now.
+
+        A claimed turn, or input on a lease that lapsed (its holder stopped renewing),
+        at once. Input on a free lease only once the scan before saw the same input
+        waiting (the same first seq), so at least a scan interval ago: fresh input is
+        being claimed by the daemon it was sent to, which woke its own actor with it.
+        Taken at once, a burst of prompts went, hundreds a scan, to whichever daemon
+        scanned first, whose actors then read what their claim would have brought,
+        while the prompted daemon's claims met rows taken (issue 18).
+        """
+        now: set[str] = set()
+        waiting: set[tuple[str, int]] = set()
+        for session_id, first, expires in rows:
+            if first is None or float(expires) > 0:
+                now.add(str(session_id))
+            elif (key := (str(session_id), int(first))) in self._unclaimed:
+                now.add(key[0])
+            else:
+                waiting.add(key)
+        self._unclaimed = waiting
+        return sorted(now)
+
     def _renew_sync(self, held: Sequence[tuple[str, int]]) -> tuple[set[str], list[str]]:
         def work(conn: psycopg.Connection[tuple[Any, ...]]) -> tuple[set[str], list[str]]:
             kept: set[str] = set()
@@ -1359,12 +1385,16 @@ class PostgresLedger(LedgerPort):
                     (self.lease_seconds, [s for s, _ in held], [e for _, e in held], self.owner),
                 ).fetchall()
                 kept = {row[0] for row in rows}
-            # Work whose lease lapsed or was never taken: a claimed turn, or input waiting.
-            orphans = conn.execute(
-                "SELECT w.session_id FROM (SELECT session_id FROM turns UNION"
-                " SELECT session_id FROM inbox) w LEFT JOIN leases l ON l.session_id = w.session_id"
+            # Work whose lease lapsed or was never taken: a claimed turn, or input
+            # waiting, with the first seq of the input and the lease's expiry (0: free,
+            # never taken or given back), for ``_orphans_now``.
+            rows = conn.execute(
+                "SELECT w.session_id, w.first, coalesce(l.expires, 0) FROM"
+                " (SELECT session_id, NULL::bigint AS first FROM turns"
+                " UNION SELECT session_id, min(seq) FROM inbox GROUP BY session_id) w"
+                " LEFT JOIN leases l ON l.session_id = w.session_id"
                 " WHERE l.session_id IS NULL OR l.expires < extract(epoch FROM clock_timestamp())"
             ).fetchall()
-            return kept, [row[0] for row in orphans]
+            return kept, self._orphans_now(rows)
 
         return self._retrying("_control", work)
