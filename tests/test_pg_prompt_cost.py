@@ -1,9 +1,10 @@
-"""A prompt's and a remote wake's fixed cost (issue 18): a prompt checks its session in
-its own commit instead of reading it first, and a daemon that hears of input another
-daemon took does not read or claim the session in vain. What must hold meanwhile: an
-unknown or deleted session is refused and nothing is written, no prompt is lost.
-Skipped (saying why) without a test database; run under CI. The ledger's own check
-is in tests/test_ledger.py (both backends)."""
+"""A prompt's, a remote wake's and the tail's fixed cost (issue 18): a prompt checks its
+session in its own commit instead of reading it first; a daemon that hears of input
+another daemon took neither reads nor claims the session in vain, and its orphan scan
+leaves fresh input to the daemon it was sent to; a tail with no subscriber reads no
+commit it would leave out. What must hold meanwhile: an unknown or deleted session is
+refused and nothing is written, no prompt is lost. Skipped (saying why) without a test
+database; run under CI. The ledger's own check is in tests/test_ledger.py."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 import trio
-from test_ledger_postgres import daemon
+from test_ledger_postgres import _created, _titled, daemon
 
 from harness.config import Config
 from harness.messages.events import NewEvent
@@ -162,3 +163,64 @@ async def test_input_on_a_free_lease_is_taken_by_the_second_scan_that_sees_it(
         first = b._renew_sync([])[1]
         assert "ses_e" not in first
         assert "ses_e" in b._renew_sync([])[1]
+
+
+async def test_with_no_subscriber_the_tail_reads_no_commit_it_would_leave_out(
+    postgres_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each commit's NOTIFY says its seqs and whether it holds anything a daemon acts
+    on. With no subscriber, another daemon's tail moves over the rest without reading
+    them (it read each, to find nothing, once a commit of any other daemon); it still
+    reads, and acts on, input, in one read (a second one used to find nothing more);
+    and reads everything once a subscriber comes."""
+    from harness.messages.mailbox import FeedMessage, Publish
+    from harness.storage import postgres
+    from harness.storage.port import ClusterHooks
+
+    monkeypatch.setattr(postgres, "_POLL_SECONDS", 60.0)  # only the wake-ups read
+    send, receive = trio.open_memory_channel[FeedMessage](1000)
+    woken: list[str] = []
+    subscribers = [0]
+    reads: list[tuple[int, bool]] = []
+    async with daemon(postgres_schema, send) as b, daemon(postgres_schema) as a:
+        real_read = b._read_log
+
+        def counted(after: int, filtered: bool = False) -> Any:
+            reads.append((after, filtered))
+            return real_read(after, filtered)
+
+        monkeypatch.setattr(b, "_read_log", counted)
+        b.hooks = ClusterHooks(
+            wake=woken.append, lost=lambda _: None, subscribers=lambda: subscribers[0]
+        )
+
+        async def published(until_seq: int) -> list[int]:
+            seqs: list[int] = []
+            with trio.fail_after(10):
+                while not seqs or seqs[-1] < until_seq:
+                    message = await receive.receive()
+                    if isinstance(message, Publish):
+                        seqs.extend(e.seq for e in message.events if e.seq is not None)
+            return seqs
+
+        await a.write([_created("ses_a")])  # a child's parent may be here: read
+        assert await published(1) == [1]
+        before = len(reads)
+        for index in range(5):
+            await a.write([_titled("ses_a", f"t{index}")])
+        with trio.fail_after(10):
+            while b._heard < 6:
+                await trio.sleep(0.01)
+        # b's own commit, right after a's: published as it is, with no read between.
+        own = await b.write([_titled("ses_b", "own")])
+        assert own[0].seq == 7 and await published(7) == [7]
+        assert reads[before:] == []
+        await a.write([_inbox_added("ses_a")])
+        with trio.fail_after(10):
+            while not woken:
+                await trio.sleep(0.01)
+        assert woken == ["ses_a"] and await published(8) == [8]
+        assert len(reads) == before + 1
+        subscribers[0] = 1
+        await a.write([_titled("ses_a", "followed")])
+        assert await published(9) == [9]

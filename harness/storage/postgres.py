@@ -82,6 +82,7 @@ TAKEOVER_BATCH = 256  # sessions one scan claims at most: the rest go to the nex
 ORPHAN_SCAN_SECONDS = 0.5  # how often a daemon looks for work whose holder stopped renewing
 _PG_SQL: dict[str, str] = {}
 _END = "end"  # what tells the tail that the writer has ended
+_POLL = "poll"  # the tail's wait ended with nothing: it reads the log, in case
 _TAIL_CHUNK = 1000  # seqs the tail reads at most at once
 # What another daemon commits that this one acts on, subscriber or not (``_saw_inbox``,
 # ``_hand_over``, ``_register_children``): all the tail reads while this daemon's feed
@@ -95,6 +96,7 @@ _HANDED_OVER = [
     "session.deleted",
     "session.created",
 ]
+_HANDED_OVER_TYPES = frozenset(_HANDED_OVER)
 _FULL_READ = (
     "SELECT seq, ts, type, session_id, data FROM events WHERE seq > %s"
     f" ORDER BY seq LIMIT {_TAIL_CHUNK}"
@@ -481,6 +483,14 @@ class PostgresLedger(LedgerPort):
         ](1024)
         self._tail_done = trio.Event()
         self._wake_queued = False
+        # Other daemons' commits heard of (NOTIFY) holding nothing this daemon acts on:
+        # first seq -> last. With no subscriber, the tail moves over them unread
+        # (``_skip_quiet``), and needs no read while it has reached every seq heard of
+        # (``_heard``) and nothing was missed (``_read_due``: a LISTEN remade, a notice
+        # not understood).
+        self._quiet: dict[int, int] = {}
+        self._heard = 0
+        self._read_due = True
         self._tail_read: psycopg.Connection[tuple[Any, ...]] | None = None  # made by the tail
         # Seqs this daemon's writer committed (or is committing, the append lock held)
         # that the tail has not published yet: read back from the log, they are this
@@ -815,8 +825,12 @@ class PostgresLedger(LedgerPort):
                 attempt.first = (first[0], first[1], first[2], first[3])
                 # One statement for the batch's events (their seqs are distinct).
                 writes.add_rows(_EVENT_INSERT, rows)
-                # Delivered by the server at commit: a wake-up for every daemon's tail.
-                writes.add("SELECT pg_notify(?, ?)", (self.channel, str(seq)))
+                # Delivered by the server at commit: a wake-up for every daemon's tail,
+                # with the seqs and whether any of them is of a type a daemon acts on
+                # (``!``): a tail with no subscriber moves over the others (``_quiet``).
+                handed = any(row[3] in _HANDED_OVER_TYPES for row in rows)
+                notice = f"{rows[0][0]}-{seq}{'!' if handed else ''}"
+                writes.add("SELECT pg_notify(?, ?)", (self.channel, notice))
             writes.add("COMMIT", ())
             if rows:
                 # Before the commit, while the lock keeps every other daemon from these
@@ -880,15 +894,21 @@ class PostgresLedger(LedgerPort):
         try:
             async with self._tail_receive:
                 while True:
-                    item: list[Event] | str | None = None
+                    item: list[Event] | str | None = _POLL
                     with trio.move_on_after(_POLL_SECONDS):
                         item = await self._tail_receive.receive()
                     if item is None:
                         self._wake_queued = False  # taken: commits from now on wake again
+                        if self._filtering():
+                            cursor = self._skip_quiet(cursor)
+                            if cursor >= self._heard and not self._read_due:
+                                continue  # every commit heard of is one it may skip
                     if isinstance(item, list) and item:
                         last, first = item[-1].seq or 0, item[0].seq or 0
                         if last <= cursor:
                             continue  # read from the log already
+                        if first != cursor + 1 and self._filtering():
+                            cursor = self._skip_quiet(cursor)
                         if first == cursor + 1:
                             cursor = last  # nothing of another daemon's lies between
                             self._own_seqs.difference_update(range(first, last + 1))
@@ -900,9 +920,38 @@ class PostgresLedger(LedgerPort):
         finally:
             self._tail_done.set()
 
+    def _skip_quiet(self, cursor: int) -> int:
+        """The tail's cursor moved over the other daemons' commits that follow it and
+        hold nothing this daemon acts on (``_quiet``), as a filtered read of them would
+        move it, without the read. Only while the feed has no subscriber
+        (``_filtering``): those commits were heard of, so made, before any subscriber
+        that registers from now on (see ``_filtering``)."""
+        quiet = self._quiet
+        while (last := quiet.pop(cursor + 1, None)) is not None:
+            cursor = last
+        if len(quiet) > _TAIL_CHUNK:  # left behind by reads that went past them
+            for first in [first for first in quiet if first <= cursor]:
+                del quiet[first]
+        return cursor
+
+    def _heard_of(self, notice: str) -> None:
+        """Another daemon's commit notice, ``first-last`` with ``!`` when it holds events
+        of a type this daemon acts on; anything else makes the next wake read."""
+        handed = notice.endswith("!")
+        first, dash, last = notice.rstrip("!").partition("-")
+        if not (dash and first.isdigit() and last.isdigit()):
+            self._read_due = True
+            return
+        self._heard = max(self._heard, int(last))
+        if not handed:
+            if len(self._quiet) >= 4 * _TAIL_CHUNK:
+                self._quiet.clear()  # kept while a subscriber reads all: those are read
+            self._quiet[int(first)] = int(last)
+
     async def _catch_up(
         self, feed: trio.MemorySendChannel[FeedMessage] | None, cursor: int
     ) -> int:
+        self._read_due = False  # this read covers whatever was missed until now
         while True:
             filtered = self._filtering()
             try:
@@ -919,9 +968,15 @@ class PostgresLedger(LedgerPort):
             own = self._own_seqs
             theirs = [event for event in events if event.seq not in own]
             own.difference_update(range(cursor + 1, last + 1))
+            whole = last < cursor + _TAIL_CHUNK  # all that was committed when it read
             cursor = last
             if events:
                 await self._publish(feed, events, theirs=theirs)
+            if whole:
+                # Seqs are gapless and committed in order: a read short of its chunk saw
+                # everything. Read again, it found nothing, once a catch-up (issue 18);
+                # what commits from now on wakes the tail again.
+                return cursor
 
     def _filtering(self) -> bool:
         """Whether the tail may leave out what only a subscriber would hear: this
@@ -1043,6 +1098,7 @@ class PostgresLedger(LedgerPort):
             try:
                 conn.execute(f'LISTEN "{self.channel}"')
                 self._live.listening(conn)
+                self._read_due = True  # notices may have been missed meanwhile
                 self._wake_tail()  # what was committed while we were away
                 pgconn = conn.pgconn
                 while True:
@@ -1055,7 +1111,9 @@ class PostgresLedger(LedgerPort):
                             continue  # live events, or who watches them (pg_live.py)
                         # A commit of this daemon's writer reaches the tail as it is: no
                         # need to read it back from the log.
-                        woken = woken or notify.be_pid != ours
+                        if notify.be_pid != ours:
+                            self._heard_of(notify.extra.decode())
+                            woken = True
                     if woken:
                         self._wake_tail()
                     if pgconn.status != 0:  # CONNECTION_OK
