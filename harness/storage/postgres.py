@@ -25,6 +25,7 @@ actor, the same reads and projections. What differs, and why:
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -54,6 +55,7 @@ from harness.storage.port import (
     LedgerMissing,
     LedgerPort,
     LedgerRefused,
+    on_worker_thread,
 )
 from harness.storage.projections import PROJECTIONS
 
@@ -680,7 +682,7 @@ class PostgresLedger(LedgerPort):
         delay, waited = 0.1, 0.0
         while True:
             try:
-                return await trio.to_thread.run_sync(self._commit, batch)
+                return await on_worker_thread(lambda: self._commit(batch))
             except psycopg.OperationalError as error:
                 if waited >= RECONNECT_SECONDS:
                     raise
@@ -955,7 +957,11 @@ class PostgresLedger(LedgerPort):
         while True:
             filtered = self._filtering()
             try:
-                events, last = await trio.to_thread.run_sync(self._read_log, cursor, filtered)
+                # One read at a time, never cancelled mid-way (as the writer's commits):
+                # a cached worker thread, without ``to_thread``'s bookkeeping and its
+                # naming of the thread at each call (three system calls).
+                read = functools.partial(self._read_log, cursor, filtered)
+                events, last = await on_worker_thread(read)
             except LedgerError as error:
                 log.warning("the feed cannot read the ledger", error=str(error))
                 return cursor
