@@ -505,3 +505,23 @@ async def test_silence_means_reconnect_and_heartbeats_mean_life(
     stream.close()
     assert (got[0].seq, got[0].type) == (after + 1, "inbox.added"), "nothing lost or repeated"
     assert (stream.reconnects > 0) is reconnects
+
+
+async def test_a_json_answer_goes_in_one_write(
+    daemon: Daemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Head, body and end of an answer in one ``send_all``: the end went in a second,
+    empty one, a checkpoint (a scheduler round on a busy daemon) per request (issue 18)."""
+    session = await daemon.session([{"text": "hi"}])
+    sends: list[bytes] = []
+    send_all = trio.SocketStream.send_all
+
+    async def counted(self: trio.SocketStream, data: Any) -> None:
+        sends.append(bytes(data))
+        await send_all(self, data)
+
+    monkeypatch.setattr(trio.SocketStream, "send_all", counted)
+    await daemon.call("prompt", session, "go")
+    assert len(sends) == 1 and sends[0].startswith(b"HTTP/1.1 202"), sends
+    assert sends[0].endswith(b"}")
+
