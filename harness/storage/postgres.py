@@ -258,11 +258,29 @@ def _result_sets(cursor: psycopg.Cursor[tuple[Any, ...]]) -> list[list[tuple[Any
 _PIECES: dict[str, tuple[bytes, ...]] = {}
 # What a session actor reads once it holds its lease (``ClaimReads``), sent with its claim.
 _CLAIM_READS = (
-    "; SELECT session_id, message_id, resumes FROM turns WHERE session_id = %s"
-    " ORDER BY started; SELECT data FROM inbox WHERE session_id = %s ORDER BY seq;"
-    " SELECT data FROM sessions WHERE id = %s;"
-    " SELECT 0, seq, created_seq, data FROM messages WHERE session_id = %s"
-    " UNION ALL SELECT 1, seq, seq, data FROM parts WHERE session_id = %s ORDER BY 1, 3"
+    ("SELECT session_id, message_id, resumes FROM turns WHERE session_id = ? ORDER BY started", 1),
+    ("SELECT data FROM inbox WHERE session_id = ? ORDER BY seq", 1),
+    ("SELECT data FROM sessions WHERE id = ?", 1),
+    ("SELECT 0, seq, created_seq, data FROM messages WHERE session_id = ?"
+     " UNION ALL SELECT 1, seq, seq, data FROM parts WHERE session_id = ? ORDER BY 1, 3", 2),
+)  # fmt: skip
+# A claim in one statement: a session never leased is taken by its insert (one row
+# written; it was inserted free, then updated); a free or lapsed lease by the update,
+# a row locked (being claimed, or share-locked by an append) skipped: held. Both parts
+# see one snapshot, so the update never sees the row the insert makes.
+_CLAIM = (
+    "WITH ins AS (INSERT INTO leases(session_id, owner, epoch, expires)"
+    " VALUES (?, ?, 1, extract(epoch FROM clock_timestamp()) + ?) ON CONFLICT DO NOTHING"
+    " RETURNING epoch, CAST('' AS TEXT) AS owner),"
+    " old AS (SELECT session_id, owner, epoch FROM leases WHERE session_id = ?"
+    " FOR UPDATE SKIP LOCKED),"
+    " upd AS (UPDATE leases l SET owner = ?,"
+    " epoch = CASE WHEN old.owner = ? THEN old.epoch ELSE old.epoch + 1 END,"
+    " expires = extract(epoch FROM clock_timestamp()) + ?"
+    " FROM old WHERE l.session_id = old.session_id"
+    " AND (old.owner = ? OR l.expires <= extract(epoch FROM clock_timestamp()))"
+    " RETURNING l.epoch, CAST(old.owner AS TEXT) AS owner)"
+    " SELECT epoch, owner FROM ins UNION ALL SELECT epoch, owner FROM upd"
 )
 # A claim's epoch, the previous owner if another, and with reads their rows.
 _ClaimOutcome = tuple[
@@ -1253,38 +1271,32 @@ class PostgresLedger(LedgerPort):
         return epoch, claim_reads
 
     def _claim_sync(self, session_id: str, reads: bool = False) -> _ClaimOutcome | None:
-        """One round trip: the row made if missing, then taken if free, in one implicit
-        transaction (a simple query of two statements); five round trips before, each
-        a wait on the control connection that every claim of this daemon shares. With
-        ``reads``, the session's claimed turns, inbox and row follow in the same query:
-        each statement sees what was committed before it began, the lease taken first."""
+        """One round trip: the lease taken if missing, free or lapsed (``_CLAIM``), in
+        one implicit transaction; five round trips before, each a wait on the control
+        connection that every claim of this daemon shares. With ``reads``, the session's
+        claimed turns, inbox, row, messages and parts follow in the same query: each
+        statement sees what was committed before it began, the lease taken first."""
         import psycopg
 
         def work(conn: psycopg.Connection[tuple[Any, ...]]) -> _ClaimOutcome | None:
-            with psycopg.ClientCursor(conn) as cursor:
-                cursor.execute(
-                    "INSERT INTO leases(session_id, owner, epoch, expires) VALUES (%s, '', 0, 0)"
-                    " ON CONFLICT DO NOTHING;"
-                    # A row locked (being claimed, or share-locked by an append): held.
-                    " WITH old AS (SELECT session_id, owner, epoch FROM leases"
-                    " WHERE session_id = %s FOR UPDATE SKIP LOCKED)"
-                    " UPDATE leases l SET owner = %s,"
-                    " epoch = CASE WHEN old.owner = %s THEN old.epoch ELSE old.epoch + 1 END,"
-                    " expires = extract(epoch FROM clock_timestamp()) + %s"
-                    " FROM old WHERE l.session_id = old.session_id"
-                    " AND (old.owner = %s OR l.expires <= extract(epoch FROM clock_timestamp()))"
-                    " RETURNING l.epoch, old.owner"
-                    + (_CLAIM_READS if reads else ""),
-                    (session_id, session_id, self.owner, self.owner, self.lease_seconds,
-                     self.owner, *((session_id,) * 5 if reads else ())),
-                )  # fmt: skip
+            # Assembled from the statements cut once at their placeholders, as a commit
+            # is: psycopg's ClientCursor parsed the whole text again at every claim.
+            statements = _Statements()
+            owner, lease = self.owner, self.lease_seconds
+            statements.add(_CLAIM, (session_id, owner, lease, session_id, owner, owner, lease,
+                                    owner))  # fmt: skip
+            if reads:
+                for sql, count in _CLAIM_READS:
+                    statements.add(sql, (session_id,) * count)
+            with conn.cursor() as cursor:
+                cursor.execute(statements.query(conn), prepare=False)
                 sets = _result_sets(cursor)
-            rows = sets[1]
+            rows = sets[0]
             if not rows:
                 return None  # another daemon's lease has not lapsed, or the row is busy
-            epoch, owner = int(rows[0][0]), str(rows[0][1])
-            read = tuple(sets[2:6]) if reads else None
-            return epoch, (owner or None) if owner != self.owner else None, read
+            epoch, previous = int(rows[0][0]), str(rows[0][1])
+            read = tuple(sets[1:5]) if reads else None
+            return epoch, (previous or None) if previous != owner else None, read
 
         try:
             return self._retrying("_control", work)
