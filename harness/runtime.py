@@ -343,9 +343,17 @@ class Harness:
             compact=compact,
             created=time.time(),
         )
+        ledger = self.ledger
+        # A session no actor runs here: its commit also takes the lease, if free, and
+        # reads what the actor it wakes reads first (a claim's transaction fewer a turn).
+        claim = (
+            ledger.cluster
+            and not ledger.holds(session_id)
+            and not self._supervisor.runs(session_id)
+        )
         try:
-            await self.ledger.write(
-                [NewEvent.of("inbox.added", session_id, item)], exists=session_id
+            await ledger.write(
+                [NewEvent.of("inbox.added", session_id, item)], exists=session_id, claim=claim
             )
         except LedgerMissing:
             raise UnknownSession(f"no session {session_id}") from None

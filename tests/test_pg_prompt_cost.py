@@ -224,3 +224,83 @@ async def test_with_no_subscriber_the_tail_reads_no_commit_it_would_leave_out(
         subscribers[0] = 1
         await a.write([_titled("ses_a", "followed")])
         assert await published(9) == [9]
+
+
+async def test_a_prompt_takes_the_lease_in_its_own_commit(
+    postgres_schema: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prompt to a session no actor runs here: its commit also takes the lease, if
+    free, and reads what the woken actor reads first, so the turn makes no claim of its
+    own (a transaction fewer a turn). A lease another daemon let lapse is taken with
+    the next epoch and ``session.leased`` in the same commit; one that daemon still
+    holds is not taken. (An actor still here, between turns, claims as before.)"""
+    import psycopg
+
+    from harness.runtime import open_harness
+    from harness.storage import postgres
+
+    monkeypatch.setattr(postgres, "ORPHAN_SCAN_SECONDS", 60.0)  # only the prompts' claims
+    (tmp_path / "model.json").write_text(json.dumps([{"text": "one"}, {"text": "two"}]))
+    config = _config(
+        tmp_path, postgres_schema, "a", lease_seconds=60.0, session_idle_seconds=0.2
+    )
+    async with open_harness(config) as h:
+        ledger = h.ledger
+
+        async def idle() -> None:  # its actor let go: the next prompt finds none here
+            with trio.fail_after(5):
+                while h._supervisor.runs(session.id):
+                    await trio.sleep(0.05)
+
+        claims: list[str] = []
+        claim_sync = ledger._claim_sync  # type: ignore[attr-defined]
+
+        def counted(session_id: str, reads: bool = False) -> Any:
+            claims.append(session_id)
+            return claim_sync(session_id, reads)
+
+        monkeypatch.setattr(ledger, "_claim_sync", counted)
+        reads: list[str] = []
+        rows = ledger._rows
+
+        def recorded(sql: str, args: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+            if any(f.filename.endswith("session.py") for f in traceback.extract_stack()):
+                reads.append(sql)
+            return rows(sql, args)
+
+        monkeypatch.setattr(ledger, "_rows", recorded)
+        monkeypatch.setattr(ledger, "driven_reads", False)  # every read through ``_rows``
+        session = await h.create_session(tmp_path)
+        assert (await h.run(session.id, "go")).answer == "one"
+        assert claims == [] and reads == []
+        assert not ledger.holds(session.id)  # given back with the turn's end, as before
+        # Another daemon held it and stopped renewing: taken, with the change of hands.
+        await idle()
+        with psycopg.connect(postgres_schema, autocommit=True) as conn:
+            conn.execute(
+                "UPDATE leases SET owner = 'elsewhere', epoch = 7, expires = 1"
+                " WHERE session_id = %s",
+                (session.id,),
+            )
+        assert (await h.run(session.id, "again")).answer == "two"
+        assert claims == []
+        leased = [e.data for e in ledger.events_after(0) if e.type == "session.leased"]
+        assert leased == [{"session_id": session.id, "owner": ledger.owner, "epoch": 8,
+                           "from": "elsewhere"}]  # fmt: skip
+        # Held by another daemon, not lapsed: the prompt's commit leaves it alone.
+        await idle()
+        with psycopg.connect(postgres_schema, autocommit=True) as conn:
+            conn.execute(
+                "UPDATE leases SET owner = 'elsewhere', epoch = 9,"
+                " expires = extract(epoch FROM clock_timestamp()) + 60 WHERE session_id = %s",
+                (session.id,),
+            )
+        await h.prompt(session.id, "held")
+        with trio.fail_after(10):
+            while not claims:  # the actor's own claim, refused: held elsewhere
+                await trio.sleep(0.02)
+        with psycopg.connect(postgres_schema, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT owner, epoch FROM leases WHERE session_id = %s", (session.id,)
+            ).fetchone()
+        assert row == ("elsewhere", 9) and not ledger.holds(session.id)

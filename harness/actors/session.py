@@ -178,9 +178,12 @@ class SessionActor:
             return True
         if self.lease is not None and self._ledger.holds(self.session_id):
             return True
-        # Claimed for this daemon already (an orphan taken over in a batch), or claim now.
+        # Claimed for this daemon already (an orphan taken over in a batch, or a prompt's
+        # commit, which read what a claim reads), or claim now.
         epoch = self._ledger.held_epoch(self.session_id)
-        if epoch is None:
+        if epoch is not None:
+            self._claim_reads = self._ledger.take_claim_reads(self.session_id)
+        else:
             # This actor's last writes first (a lease given back with them, a late
             # title): a claim skips a lease row that an append still has locked, and
             # would take this daemon's own append for another daemon's claim.

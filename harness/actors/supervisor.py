@@ -110,10 +110,8 @@ class Supervisor:
         never; only its turns left behind by a dead daemon are ended.
         """
         ledger = self._services.ledger
-        if not orphan and not ledger.holds(session_id):
-            actor = self._actors.get(session_id)
-            if actor is None or actor.closing:
-                return False
+        if not orphan and not ledger.holds(session_id) and not self.runs(session_id):
+            return False
         session = await ledger.session_async(session_id)
         if session is None:
             await ledger.release(session_id)  # claimed as an orphan: nothing to run
@@ -125,6 +123,11 @@ class Supervisor:
             for _, message_id, _ in ledger.claimed_turns(session_id):
                 await self._abandon_child_turn(session_id, message_id)
         return False
+
+    def runs(self, session_id: str) -> bool:
+        """Whether the session has an actor here that is not ending."""
+        actor = self._actors.get(session_id)
+        return actor is not None and not actor.closing
 
     def _actor(self, nursery: trio.Nursery, session_id: str) -> SessionActor:
         actor = self._actors.get(session_id)

@@ -74,6 +74,10 @@ class WriteEvents:
     # prompt's look-up, without a read of its own before it (issue 18). Refused as a
     # whole (``LedgerMissing``) if the session does not exist, or no longer does.
     exists: str | None = None
+    # With ``exists`` (a prompt): take that session's lease for this daemon in the same
+    # transaction, if no daemon holds it, and read what its actor reads once it holds
+    # it (``LedgerPort.take_claim_reads``): no claim of its own (issue 18).
+    claim: bool = False
 
 
 # --- event feed ----------------------------------------------------------------------------

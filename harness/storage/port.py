@@ -264,6 +264,12 @@ class LedgerPort(ABC):
         process). Before claiming the session again, ``settle`` it."""
         return None
 
+    def take_claim_reads(self, session_id: str) -> ClaimReads | None:
+        """What a prompt's commit read when it took the session's lease for this
+        process (``WriteEvents.claim``), once, if it still holds: the claim's reads of a
+        session actor whose lease that commit took. None: read as usual."""
+        return None
+
     def holds(self, session_id: str) -> bool:
         """Whether this process holds the session's lease (always, for one process)."""
         return True
@@ -475,8 +481,13 @@ class LedgerPort(ABC):
             if request.reply is not None:
                 request.reply.send_nowait(events)
             published.extend(events)
+        self._after_commit()  # before any checkpoint: no one answered has run yet
         if published:
             await self._published(published, feed)
+
+    def _after_commit(self) -> None:
+        """A batch was committed and its writers answered (they have not run yet)."""
+        return None
 
     def post(
         self,
@@ -498,12 +509,15 @@ class LedgerPort(ABC):
         blobs: Sequence[tuple[str, bytes]] = (),
         fence: tuple[str, int] | None = None,
         exists: str | None = None,
+        claim: bool = False,
     ) -> list[Event]:
         """Write and wait until the events (and the file contents they name) are committed.
 
         Raises ``LedgerFenced`` when the writer's lease (``fence``, else the task's
         ``current_lease``) was taken by another daemon, and ``LedgerMissing`` when
-        session ``exists`` does not exist at the commit: nothing was written.
+        session ``exists`` does not exist at the commit: nothing was written. With
+        ``claim``, a shared ledger also takes that session's lease in the transaction,
+        if free (``WriteEvents.claim``).
         """
         # Not ``mailbox.ask``: its ``await send`` is a checkpoint, so a caller already
         # cancelled would never post the write. Posted with send_nowait (the mailbox is
@@ -511,7 +525,7 @@ class LedgerPort(ABC):
         reply_send, reply_receive = trio.open_memory_channel[list[Event] | Exception](1)
         lease = fence or current_lease.get()
         self._mailbox_send.send_nowait(
-            WriteEvents(events, reply_send, blobs, lease, exists=exists)
+            WriteEvents(events, reply_send, blobs, lease, exists=exists, claim=claim)
         )
         if lease is not None:
             self._unsettled[lease[0]] = self._unsettled.get(lease[0], 0) + 1

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import structlog
 import trio
 
-from harness.messages.events import Event
+from harness.messages.events import Event, NewEvent
 from harness.messages.mailbox import FeedMessage, Publish, RegisterChild, WriteEvents
 from harness.messages.model import InboxItem, Message, Part, Session
 from harness.storage.ledger import stored_text
@@ -282,6 +282,23 @@ _CLAIM = (
     " RETURNING l.epoch, CAST(old.owner AS TEXT) AS owner)"
     " SELECT epoch, owner FROM ins UNION ALL SELECT epoch, owner FROM upd"
 )
+# The same, in the writer's transaction for a prompt (``WriteEvents.claim``), and only
+# if the session exists: the session, this daemon, the lease time, as ``?`` values.
+_CLAIM_WITH_PROMPT = (
+    "WITH ins AS (INSERT INTO leases(session_id, owner, epoch, expires)"
+    " SELECT ?, ?, 1, extract(epoch FROM clock_timestamp()) + ?"
+    " WHERE EXISTS (SELECT 1 FROM sessions WHERE id = ?) ON CONFLICT DO NOTHING"
+    " RETURNING epoch, CAST('' AS TEXT) AS owner),"
+    " old AS (SELECT session_id, owner, epoch FROM leases WHERE session_id = ?"
+    " FOR UPDATE SKIP LOCKED),"
+    " upd AS (UPDATE leases l SET owner = ?,"
+    " epoch = CASE WHEN old.owner = ? THEN old.epoch ELSE old.epoch + 1 END,"
+    " expires = extract(epoch FROM clock_timestamp()) + ?"
+    " FROM old WHERE l.session_id = old.session_id"
+    " AND (old.owner = ? OR l.expires <= extract(epoch FROM clock_timestamp()))"
+    " RETURNING l.epoch, CAST(old.owner AS TEXT) AS owner)"
+    " SELECT epoch, owner FROM ins UNION ALL SELECT epoch, owner FROM upd"
+)
 # A claim's epoch, the previous owner if another, and with reads their rows.
 _ClaimOutcome = tuple[
     int,
@@ -480,6 +497,13 @@ class PostgresLedger(LedgerPort):
         # Input on a free lease that the last orphan scan saw waiting, (session_id, its
         # first seq): taken if the next scan sees it still waiting (``_orphans_now``).
         self._unclaimed: set[tuple[str, int]] = set()
+        # Leases the writer's last transaction took with prompts: session -> (epoch, the
+        # previous owner, the claim's reads), for ``_after_commit``.
+        self._claimed_now: dict[str, tuple[int, str | None, tuple[Any, ...]]] = {}
+        # What those claims read, for the session's actor (``take_claim_reads``), with
+        # the epoch and the count of the session's fenced writes settled by then.
+        self._prompt_claims: dict[str, tuple[int, ClaimReads, int]] = {}
+        self._fenced_settled: dict[str, int] = {}  # per session, fenced writes settled
         # Claims, releases and renewals share one connection from several worker threads:
         # one transaction at a time on it.
         self._control_lock = threading.Lock()
@@ -767,6 +791,14 @@ class PostgresLedger(LedgerPort):
         fences = sorted({request.fence[0] for request in batch if request.fence is not None})
         digests = [digest for request in batch for digest, _ in request.blobs]
         required = sorted({request.exists for request in batch if request.exists is not None})
+        # Prompts whose lease this transaction takes, if free: not one this daemon holds
+        # (nor gives back in this batch: ``_held`` is left before the release is posted).
+        releasing = {r.fence[0] for r in batch if r.release and r.fence is not None}
+        claims = sorted(
+            {r.exists for r in batch if r.claim and r.exists is not None}
+            - releasing
+            - self._held.keys()
+        )
         cursor = conn.cursor()
         owned = range(0)  # the seqs this append numbers, once it sends its commit
         try:
@@ -785,6 +817,10 @@ class PostgresLedger(LedgerPort):
                 # Under the append lock: a deletion is an append too, so none lands
                 # between this look and the commit.
                 head.add("SELECT id FROM sessions WHERE id = ANY(?)", (required,))
+            owner, lease = self.owner, self.lease_seconds
+            for session_id in claims:
+                head.add(_CLAIM_WITH_PROMPT, (session_id, owner, lease, session_id,
+                                              session_id, owner, owner, lease, owner))  # fmt: skip
             if digests:
                 head.add("SELECT hash FROM blobs WHERE hash = ANY(?)", (digests,))
             head.add("SELECT coalesce(max(seq), 0) FROM events", ())
@@ -795,12 +831,27 @@ class PostgresLedger(LedgerPort):
             seq = int(results.pop()[0][0])
             current = {row[0]: (row[1], int(row[2])) for row in results.pop(0)} if fences else {}
             present = {row[0] for row in results.pop(0)} if required else set()
+            # Each prompt's claim: (epoch, previous owner) when it took the lease.
+            taken: dict[str, tuple[int, str]] = {}
+            for session_id in claims:
+                claimed = results.pop(0)
+                if claimed:
+                    taken[session_id] = (int(claimed[0][0]), str(claimed[0][1]))
+            claimed_now: dict[str, tuple[int, str | None, list[int]]] = {}
             known = {row[0] for row in results.pop(0)} if digests else set()
             rows: list[tuple[Any, ...]] = []
             writes = _Statements()
             for request in batch:
                 if request.exists is not None and request.exists not in present:
                     out.append(LedgerMissing(f"no session {request.exists}"))
+                    if request.exists in taken:
+                        # Deleted earlier in this batch: its lease goes back at once.
+                        epoch = taken.pop(request.exists)[0]
+                        writes.add(
+                            "UPDATE leases SET expires = 0"
+                            " WHERE session_id = ? AND epoch = ? AND owner = ?",
+                            (request.exists, epoch, owner),
+                        )
                     continue
                 if request.fence is not None:
                     session_id, epoch = request.fence
@@ -827,7 +878,17 @@ class PostgresLedger(LedgerPort):
                             (digest, len(data), zlib.compress(data, 1)),
                         )
                 events: list[Event] = []
-                for new in request.events:
+                extra: list[NewEvent] = []
+                if request.claim and request.exists in taken:
+                    session_id = request.exists
+                    epoch, previous = taken.pop(session_id)
+                    other = previous if previous and previous != owner else None
+                    claimed_now[session_id] = (epoch, other, [])
+                    if other is not None:  # the change of hands, in the same commit
+                        leased = {"session_id": session_id, "owner": owner, "epoch": epoch,
+                                  "from": other}  # fmt: skip
+                        extra.append(NewEvent("session.leased", session_id, leased))
+                for new in (*request.events, *extra):
                     if new.type == "session.created":
                         present.add(new.session_id)  # a later request of the batch sees it
                     elif new.type == "session.deleted":
@@ -845,6 +906,13 @@ class PostgresLedger(LedgerPort):
                 attempt.first = (first[0], first[1], first[2], first[3])
                 # One statement for the batch's events (their seqs are distinct).
                 writes.add_rows(_EVENT_INSERT, rows)
+            for session_id, (_, _, positions) in claimed_now.items():
+                # What the session's actor reads once it holds the lease, after this
+                # transaction's writes (the prompt's input in its inbox).
+                for sql, count in _CLAIM_READS:
+                    writes.add(sql, (session_id,) * count)
+                    positions.append(len(writes._statements) - 1)
+            if rows:
                 # Delivered by the server at commit: a wake-up for every daemon's tail,
                 # with the seqs and whether any of them is of a type a daemon acts on
                 # (``!``): a tail with no subscriber moves over the others (``_quiet``).
@@ -858,6 +926,12 @@ class PostgresLedger(LedgerPort):
                 owned = range(rows[0][0], rows[-1][0] + 1)
                 self._own_seqs.update(owned)
             cursor.execute(writes.query(conn), prepare=False)
+            if claimed_now:
+                sets = _result_sets(cursor)
+                self._claimed_now = {
+                    session_id: (epoch, previous, tuple(sets[i] for i in positions))
+                    for session_id, (epoch, previous, positions) in claimed_now.items()
+                }
         except BaseException:
             # Not committed, or not known to be (a connection lost around the commit):
             # forgotten at once (before a ROLLBACK lets the lock go), so that another
@@ -1303,7 +1377,53 @@ class PostgresLedger(LedgerPort):
         except psycopg.Error as error:
             raise LedgerError(f"lease of {session_id}: {_first_line(error)}") from None
 
+    def _settled(self, batch: list[WriteEvents]) -> None:
+        super()._settled(batch)
+        counts = self._fenced_settled
+        for request in batch:
+            if request.fence is not None:
+                counts[request.fence[0]] = counts.get(request.fence[0], 0) + 1
+
+    def _after_commit(self) -> None:
+        """Hold the leases the batch's prompts took, and keep what their claims read for
+        the sessions' actors, woken here (``take_claim_reads``)."""
+        claimed, self._claimed_now = self._claimed_now, {}
+        for session_id, (epoch, previous, read) in claimed.items():
+            self._held[session_id] = epoch
+            if previous is not None:
+                log.info("session taken over", session_id=session_id, epoch=epoch,
+                         previous=previous)  # fmt: skip
+            if not self._unsettled.get(session_id):
+                # Else a write of the session may land after the reads: none kept.
+                turns, inbox, session, history = read
+                reads = ClaimReads(
+                    self.inbox_mark(session_id),  # the inbox was read after this batch's
+                    [(row[0], row[1], int(row[2])) for row in turns],
+                    [InboxItem.model_validate_json(row[0]) for row in inbox],
+                    Session.model_validate_json(session[0][0]) if session else None,
+                    _changes(history, 0),
+                )
+                settled = self._fenced_settled.get(session_id, 0)
+                self._prompt_claims[session_id] = (epoch, reads, settled)
+            if self.hooks is not None:
+                # Whatever becomes of the prompt's caller, the session held here runs.
+                self.hooks.wake(session_id)
+
+    def take_claim_reads(self, session_id: str) -> ClaimReads | None:
+        kept = self._prompt_claims.pop(session_id, None)
+        if kept is None:
+            return None
+        epoch, reads, settled = kept
+        if (
+            self._held.get(session_id) != epoch
+            or self._unsettled.get(session_id)
+            or self._fenced_settled.get(session_id, 0) != settled
+        ):
+            return None  # the lease changed hands, or the session was written since
+        return reads
+
     async def release(self, session_id: str) -> None:
+        self._prompt_claims.pop(session_id, None)
         epoch = self._held.pop(session_id, None)
         if epoch is None:
             return
@@ -1318,6 +1438,7 @@ class PostgresLedger(LedgerPort):
         every claim of this daemon waits for, once per turn (issue 18). Not held from
         now on (so not renewed); until that commit the fence still holds for this epoch.
         """
+        self._prompt_claims.pop(session_id, None)
         epoch = self._held.pop(session_id, None)
         if epoch is not None:
             self._mailbox_send.send_nowait(
