@@ -357,6 +357,12 @@ class Harness:
             )
         except LedgerMissing:
             raise UnknownSession(f"no session {session_id}") from None
+        except trio.Cancelled:
+            if claim:
+                # The write lands all the same (posted before the wait), and a lease
+                # its commit took must find its actor here (the mailbox is unbounded).
+                self._supervisor.mailbox.send_nowait(WakeSession(session_id))
+            raise
         await self._supervisor.mailbox.send(WakeSession(session_id))
         return item.id
 

@@ -1405,9 +1405,6 @@ class PostgresLedger(LedgerPort):
                 )
                 settled = self._fenced_settled.get(session_id, 0)
                 self._prompt_claims[session_id] = (epoch, reads, settled)
-            if self.hooks is not None:
-                # Whatever becomes of the prompt's caller, the session held here runs.
-                self.hooks.wake(session_id)
 
     def take_claim_reads(self, session_id: str) -> ClaimReads | None:
         kept = self._prompt_claims.pop(session_id, None)
