@@ -794,11 +794,15 @@ class PostgresLedger(LedgerPort):
         # Prompts whose lease this transaction takes, if free: not one this daemon holds
         # (nor gives back in this batch: ``_held`` is left before the release is posted).
         releasing = {r.fence[0] for r in batch if r.release and r.fence is not None}
+        held = self._held  # changed by the event loop meanwhile: looked up, not iterated
         claims = sorted(
-            {r.exists for r in batch if r.claim and r.exists is not None}
-            - releasing
-            - self._held.keys()
-        )
+            {
+                r.exists
+                for r in batch
+                if r.claim and r.exists is not None
+                and r.exists not in releasing and r.exists not in held
+            }
+        )  # fmt: skip
         cursor = conn.cursor()
         owned = range(0)  # the seqs this append numbers, once it sends its commit
         try:
