@@ -525,3 +525,12 @@ async def test_a_json_answer_goes_in_one_write(
     assert len(sends) == 1 and sends[0].startswith(b"HTTP/1.1 202"), sends
     assert sends[0].endswith(b"}")
 
+
+async def test_a_serving_daemon_collects_young_garbage_less_often(daemon: Daemon) -> None:
+    """At Python's default (700 allocations) the collector ran ~250 times in 1,000
+    one-step turns, 11% of the event loop's CPU (issue 18); the daemon raises it while it
+    serves, and puts it back when it stops."""
+    import gc
+
+    assert gc.get_threshold()[0] >= server.GC_YOUNG_THRESHOLD
+
