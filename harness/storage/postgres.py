@@ -910,12 +910,6 @@ class PostgresLedger(LedgerPort):
                 attempt.first = (first[0], first[1], first[2], first[3])
                 # One statement for the batch's events (their seqs are distinct).
                 writes.add_rows(_EVENT_INSERT, rows)
-            for session_id, (_, _, positions) in claimed_now.items():
-                # What the session's actor reads once it holds the lease, after this
-                # transaction's writes (the prompt's input in its inbox).
-                for sql, count in _CLAIM_READS:
-                    writes.add(sql, (session_id,) * count)
-                    positions.append(len(writes._statements) - 1)
             if rows:
                 # Delivered by the server at commit: a wake-up for every daemon's tail,
                 # with the seqs and whether any of them is of a type a daemon acts on
@@ -924,6 +918,13 @@ class PostgresLedger(LedgerPort):
                 notice = f"{rows[0][0]}-{seq}{'!' if handed else ''}"
                 writes.add("SELECT pg_notify(?, ?)", (self.channel, notice))
             writes.add("COMMIT", ())
+            for session_id, (_, _, positions) in claimed_now.items():
+                # What the session's actor reads once it holds the lease, in the same
+                # round trip, each read in a transaction of its own after the commit:
+                # not under the append lock, which every daemon's commits wait for.
+                for sql, count in _CLAIM_READS:
+                    writes.add(sql, (session_id,) * count)
+                    positions.append(len(writes._statements) - 1)
             if rows:
                 # Before the commit, while the lock keeps every other daemon from these
                 # seqs: the tail may read them back before this thread returns.
