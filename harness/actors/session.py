@@ -84,6 +84,11 @@ class SessionActor:
         self.mailbox, self._receive = trio.open_memory_channel[SessionMessage](math.inf)
         self._wake = trio.Event()
         self._turn_scope: trio.CancelScope | None = None  # what CancelTurn cancels
+        # A turn claimed whose scope is not made yet (its builder runs), and a cancel that
+        # came meanwhile: it cancels the scope as soon as there is one. Dropped, it was
+        # lost, though the turn was durable (a cancel through another daemon, issue 18).
+        self._starting = False
+        self._cancel_early = False
         self._provider: Provider | None = None  # kept between turns, one per model and server
         self._provider_for: tuple[str, str | None] = ("", None)  # (model, base_url)
         self._restarts = RestartPolicy(config.restart_limit, config.restart_window)
@@ -219,6 +224,9 @@ class SessionActor:
 
     def _cancel_turn(self) -> bool:
         if self._turn_scope is None:
+            if self._starting:
+                self._cancel_early = True
+                return True
             return False
         self._turn_scope.cancel()
         return True
@@ -457,7 +465,12 @@ class SessionActor:
         lease may go back with the turn's last events, if nothing is queued; ``history``:
         the session's, already read, for the turn's first attempt)."""
         with structlog.contextvars.bound_contextvars(turn=message_id):
-            turn = await self._builder.turn(message_id, self._session(), message)
+            self._starting, self._cancel_early = True, False
+            try:
+                turn = await self._builder.turn(message_id, self._session(), message)
+            except BaseException:
+                self._starting = False
+                raise
             log.info("turn started")
             result: TurnResult | None = None
             try:
@@ -466,6 +479,7 @@ class SessionActor:
                 await self._ledger_failed(message_id, error)
                 return
             finally:
+                self._starting = False
                 if result is None and self._parent_span is not None:
                     # A child dies with its parent's call: it is cancelled, not to be
                     # resumed. (The cancel may arrive wrapped in an exception group,
@@ -506,6 +520,10 @@ class SessionActor:
             try:
                 with trio.CancelScope() as scope:
                     self._turn_scope = scope
+                    self._starting = False
+                    if self._cancel_early:
+                        self._cancel_early = False
+                        scope.cancel()  # cancelled while the turn was being built
                     return await self._attempt(turn, seeded)
                 # Only a cancel of this scope lands here (CancelTurn).
                 return await self._stopped(turn.message_id, "cancelled", "cancelled")
