@@ -128,14 +128,18 @@ def _rows_written(
     written: Sequence[Event], mark: int
 ) -> tuple[list[Message], list[Part], int]:
     """The messages and parts committed events wrote, validated as a read's rows are, in
-    commit order, and the mark past the last of them (``mark`` if none)."""
+    commit order, and the mark past the last of them (``mark`` if none).
+
+    From the events' data as is: it is what their rows' JSON was made from, so the same
+    validation in Python mode gives the same models, without encoding each one again
+    (half of this function's time, a step at a time; issue 18)."""
     messages: list[Message] = []
     parts: list[Part] = []
     for event in written:
         if event.type in ("message.created", "message.updated"):
-            messages.append(_MESSAGE.validate_json(json.dumps(event.data)))
+            messages.append(_MESSAGE.validate_python(event.data))
         elif event.type in ("part.created", "part.updated"):
-            parts.append(_PART.validate_json(json.dumps(event.data)))
+            parts.append(_PART.validate_python(event.data))
         else:
             continue
         mark = max(mark, event.seq or 0)

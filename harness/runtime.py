@@ -68,7 +68,7 @@ from harness.providers.table import named_providers
 from harness.secrets import refresh_secrets
 from harness.storage.backend import open_ledger
 from harness.storage.lock import LockHolder, hold_ledger
-from harness.storage.port import ClusterHooks, LedgerPort
+from harness.storage.port import ClusterHooks, LedgerMissing, LedgerPort
 from harness.tools.registry import builtin_tools, tool_specs, tool_table
 from harness.tools.sandbox import Sandbox
 
@@ -310,8 +310,12 @@ class Harness:
         ``PromptConflict``, never a prompt silently dropped. ``max_steps`` limits this
         turn only.
         """
-        # Not ``self.session``: a prompt's reads are a turn's fixed cost (issue 18).
-        if await self.ledger.session_async(session_id) is None:
+        # Looked up first, so an unknown session is told as such before anything else.
+        # A plain prompt reads nothing: its commit checks the session exists (``exists``),
+        # under the append lock, so no deletion slips in between (issue 18: a read a
+        # prompt, blocking the event loop on a shared ledger).
+        looked_up = not text.strip() or message_id is not None
+        if looked_up and await self.ledger.session_async(session_id) is None:
             raise UnknownSession(f"no session {session_id}")
         if not text.strip():
             raise HarnessError("the prompt is empty")
@@ -340,7 +344,26 @@ class Harness:
             compact=compact,
             created=time.time(),
         )
-        await self.ledger.write([NewEvent.of("inbox.added", session_id, item)])
+        ledger = self.ledger
+        # A session no actor runs here: its commit also takes the lease, if free, and
+        # reads what the actor it wakes reads first (a claim's transaction fewer a turn).
+        claim = (
+            ledger.cluster
+            and not ledger.holds(session_id)
+            and not self._supervisor.runs(session_id)
+        )
+        try:
+            await ledger.write(
+                [NewEvent.of("inbox.added", session_id, item)], exists=session_id, claim=claim
+            )
+        except LedgerMissing:
+            raise UnknownSession(f"no session {session_id}") from None
+        except trio.Cancelled:
+            if claim:
+                # The write lands all the same (posted before the wait), and a lease
+                # its commit took must find its actor here (the mailbox is unbounded).
+                self._supervisor.mailbox.send_nowait(WakeSession(session_id))
+            raise
         await self._supervisor.mailbox.send(WakeSession(session_id))
         return item.id
 

@@ -774,8 +774,9 @@ class Connection:
             # refuses to send one, and the client would not read it).
             await self._send(response, h11.EndOfMessage())
             return
-        await self._send(response, h11.Data(data=data))
-        await self._send(h11.EndOfMessage())
+        # One write: the end of the message in a send of its own was an empty
+        # ``send_all``, a checkpoint (a scheduler round on a busy loop) per answer.
+        await self._send(response, h11.Data(data=data), h11.EndOfMessage())
 
     async def serve(self) -> None:
         started = 0.0
@@ -1064,6 +1065,8 @@ def _remove_if_ours(path: Path, inode: int) -> None:
         pass
 
 
+
+
 async def serve(
     config: Config,
     socket_path: Path | None = None,
@@ -1085,7 +1088,8 @@ async def serve(
                 await handle_connection(h, stream, limits, gate)
 
             await nursery.start(trio.serve_listeners, handler, [listener])
-            # The daemon's full GC passes out of its busy moments (actors/collector.py).
+            # The daemon's garbage collection: young passes rarer, full ones moved out
+            # of its busy moments (actors/collector.py).
             await nursery.start(collect_when_idle)
             log.info(
                 "daemon listening",

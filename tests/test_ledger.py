@@ -21,7 +21,7 @@ from harness.messages.events import Event, NewEvent
 from harness.messages.mailbox import FeedMessage, Publish, WriteEvents
 from harness.messages.model import Session, TextPart, UserMessage
 from harness.storage.ledger import Ledger, LedgerError
-from harness.storage.port import LedgerFenced, LedgerPort, on_worker_thread
+from harness.storage.port import LedgerFenced, LedgerMissing, LedgerPort, on_worker_thread
 from harness.storage.schema import SCHEMA_VERSION
 
 
@@ -354,3 +354,32 @@ async def test_a_batch_writing_rows_again_projects_as_if_one_by_one(
         assert ledger.session(b.id) == renamed
         assert ledger.messages(b.id) == []  # its part went with the deletion
         assert [e.seq for e in ledger.events_after(0)] == list(range(1, 13))
+
+
+def _inbox_added(session_id: str, message_id: str = "msg_1") -> NewEvent:
+    item = {"id": message_id, "session_id": session_id, "text": "go", "delivery": "queue",
+            "created": time.time()}  # fmt: skip
+    return NewEvent("inbox.added", session_id, item)
+
+
+async def test_a_write_that_requires_a_session_is_refused_as_a_whole_without_it(
+    make_ledger: MakeLedger,
+) -> None:
+    """``exists``: checked in the write's own transaction, before its events; a session
+    created or deleted by an earlier write of the same batch counts as such."""
+    async with running(make_ledger(post_delay=0.05)) as ledger:
+        with pytest.raises(LedgerMissing):
+            await ledger.write([_inbox_added("ses_a")], exists="ses_a")
+        assert ledger.inbox("ses_a") == [] and ledger.events_after(0) == []
+        # Created by a post of the same batch (the write ends the post's grouping).
+        ledger.post([_created(_session("ses_a"))])
+        written = await ledger.write([_inbox_added("ses_a")], exists="ses_a")
+        assert [event.type for event in written] == ["inbox.added"]
+        assert [item.id for item in ledger.inbox("ses_a")] == ["msg_1"]
+        # Deleted by a post of the same batch: refused, and the rest of the batch lands.
+        ledger.post([NewEvent("session.deleted", "ses_a", {"id": "ses_a"})])
+        with pytest.raises(LedgerMissing):
+            await ledger.write([_inbox_added("ses_a", "msg_2")], exists="ses_a")
+        assert ledger.session("ses_a") is None
+        types = [event.type for event in ledger.events_after(0)]
+        assert types == ["session.created", "inbox.added", "session.deleted"]

@@ -85,6 +85,11 @@ class SessionActor:
         self.mailbox, self._receive = trio.open_memory_channel[SessionMessage](math.inf)
         self._wake = trio.Event()
         self._turn_scope: trio.CancelScope | None = None  # what CancelTurn cancels
+        # A turn claimed whose scope is not made yet (its builder runs), and a cancel that
+        # came meanwhile: it cancels the scope as soon as there is one. Dropped, it was
+        # lost, though the turn was durable (a cancel through another daemon, issue 18).
+        self._starting = False
+        self._cancel_early = False
         self._provider: Provider | None = None  # kept between turns, one per model and server
         self._provider_for: tuple[str, str | None] = ("", None)  # (model, base_url)
         self._restarts = RestartPolicy(config.restart_limit, config.restart_window)
@@ -186,9 +191,12 @@ class SessionActor:
             return True
         if self.lease is not None and self._ledger.holds(self.session_id):
             return True
-        # Claimed for this daemon already (an orphan taken over in a batch), or claim now.
+        # Claimed for this daemon already (an orphan taken over in a batch, or a prompt's
+        # commit, which read what a claim reads), or claim now.
         epoch = self._ledger.held_epoch(self.session_id)
-        if epoch is None:
+        if epoch is not None:
+            self._claim_reads = self._ledger.take_claim_reads(self.session_id)
+        else:
             # This actor's last writes first (a lease given back with them, a late
             # title): a claim skips a lease row that an append still has locked, and
             # would take this daemon's own append for another daemon's claim.
@@ -241,6 +249,9 @@ class SessionActor:
             self._cancel_next = bool(self._ledger.inbox(self.session_id))
             return self._cancel_next
         if self._turn_scope is None:
+            if self._starting:
+                self._cancel_early = True
+                return True
             return False
         self._turn_scope.cancel()
         return True
@@ -510,7 +521,12 @@ class SessionActor:
         lease may go back with the turn's last events, if nothing is queued; ``history``:
         the session's, already read, for the turn's first attempt)."""
         with structlog.contextvars.bound_contextvars(turn=message_id):
-            turn = await self._builder.turn(message_id, self._session(), message)
+            self._starting, self._cancel_early = True, False
+            try:
+                turn = await self._builder.turn(message_id, self._session(), message)
+            except BaseException:
+                self._starting = False
+                raise
             log.info("turn started")
             result: TurnResult | None = None
             try:
@@ -520,6 +536,7 @@ class SessionActor:
                 return
             finally:
                 self._started()
+                self._starting = False
                 if result is None and self._parent_span is not None:
                     # A child dies with its parent's call: it is cancelled, not to be
                     # resumed. (The cancel may arrive wrapped in an exception group,
@@ -560,8 +577,10 @@ class SessionActor:
             try:
                 with trio.CancelScope() as scope:
                     self._turn_scope = scope
-                    if self._cancel_next:  # cancelled while it waited to be admitted
-                        self._cancel_next = False
+                    self._starting = False
+                    if self._cancel_early or self._cancel_next:
+                        # Cancelled while it waited to be admitted, or was being built.
+                        self._cancel_early = self._cancel_next = False
                         scope.cancel()
                     return await self._attempt(turn, seeded)
                 # Only a cancel of this scope lands here (CancelTurn).

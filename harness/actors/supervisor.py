@@ -64,7 +64,9 @@ class Supervisor:
                             self._orphans.add(message.session_id)
                         if message.remote and not self._takes_on(message):
                             continue
-                        if message.remote and not await self._remote_wake(message.session_id):
+                        if message.remote and not await self._remote_wake(
+                            message.session_id, orphan=message.orphan
+                        ):
                             continue
                         self._actor(nursery, message.session_id).mailbox.send_nowait(Wake())
                     elif isinstance(message, LeaseLost):
@@ -112,13 +114,20 @@ class Supervisor:
         finally:
             await ledger.release(session_id)
 
-    async def _remote_wake(self, session_id: str) -> bool:
+    async def _remote_wake(self, session_id: str, *, orphan: bool = False) -> bool:
         """Whether work heard of through a shared ledger should start an actor here.
 
-        A root session: yes (its actor claims the lease, or ends if another daemon holds
-        it). A child: never; only its turns left behind by a dead daemon are ended.
+        Input another daemon committed, for a session neither held nor run here: no
+        (nothing read). That daemon woke its own actor with it, a holder elsewhere hears
+        it through its own tail, and what neither runs is taken by an orphan scan within
+        half a second. Every daemon used to read the session and claim it, in vain, at
+        every prompt that another daemon took (issue 18). Otherwise, a root session: yes
+        (its actor claims the lease, or ends if another daemon holds it). A child:
+        never; only its turns left behind by a dead daemon are ended.
         """
         ledger = self._services.ledger
+        if not orphan and not ledger.holds(session_id) and not self.runs(session_id):
+            return False
         session = await ledger.session_async(session_id)
         if session is None:
             await ledger.release(session_id)  # claimed as an orphan: nothing to run
@@ -130,6 +139,11 @@ class Supervisor:
             for _, message_id, _ in ledger.claimed_turns(session_id):
                 await self._abandon_child_turn(session_id, message_id)
         return False
+
+    def runs(self, session_id: str) -> bool:
+        """Whether the session has an actor here that is not ending."""
+        actor = self._actors.get(session_id)
+        return actor is not None and not actor.closing
 
     def _actor(self, nursery: trio.Nursery, session_id: str) -> SessionActor:
         actor = self._actors.get(session_id)

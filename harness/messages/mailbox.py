@@ -73,6 +73,14 @@ class WriteEvents:
     # A post's bound on how long it may wait for company, when it is not the writer's
     # ``post_delay`` (``LedgerPort.post``).
     within: float | None = None
+    # A session that must exist for the write to be made, checked in its transaction: a
+    # prompt's look-up, without a read of its own before it (issue 18). Refused as a
+    # whole (``LedgerMissing``) if the session does not exist, or no longer does.
+    exists: str | None = None
+    # With ``exists`` (a prompt): take that session's lease for this daemon in the same
+    # transaction, if no daemon holds it, and read what its actor reads once it holds
+    # it (``LedgerPort.take_claim_reads``): no claim of its own (issue 18).
+    claim: bool = False
 
 
 # --- event feed ----------------------------------------------------------------------------

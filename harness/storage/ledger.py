@@ -30,7 +30,13 @@ from harness.messages.mailbox import WriteEvents
 from harness.messages.names import shown_data
 from harness.private import FILE_MODE, private_dir, private_file, tighten
 from harness.secrets import has_secrets, redact
-from harness.storage.port import FileChangeRow, LedgerError, LedgerFenced, LedgerPort
+from harness.storage.port import (
+    FileChangeRow,
+    LedgerError,
+    LedgerMissing,
+    LedgerPort,
+    LedgerRefused,
+)
 from harness.storage.projections import PROJECTIONS
 from harness.storage.schema import MIGRATIONS, SCHEMA_VERSION
 
@@ -179,12 +185,17 @@ class Ledger(LedgerPort):
             )
         return super()._failure(error)
 
-    def _commit(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerFenced]:
+    def _commit(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerRefused]:
         conn = self._write
         now = time.time()
-        out: list[list[Event] | LedgerFenced] = []
+        out: list[list[Event] | LedgerRefused] = []
         with conn:
             for request in batch:
+                if request.exists is not None and not conn.execute(
+                    "SELECT 1 FROM sessions WHERE id = ?", (request.exists,)
+                ).fetchall():
+                    out.append(LedgerMissing(f"no session {request.exists}"))
+                    continue
                 for digest, data in request.blobs:
                     _store_blob(conn, digest, data)
                 events: list[Event] = []

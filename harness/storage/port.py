@@ -122,8 +122,16 @@ class LedgerError(Exception):
     """The ledger cannot be opened or written; the message says where and why."""
 
 
-class LedgerFenced(LedgerError):
+class LedgerRefused(LedgerError):
+    """A write refused as a whole, in its transaction: nothing of it was written."""
+
+
+class LedgerFenced(LedgerRefused):
     """A write refused: another daemon holds the session's lease now (DESIGN §14)."""
+
+
+class LedgerMissing(LedgerRefused):
+    """A write refused: the session it requires (``WriteEvents.exists``) does not exist."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +212,7 @@ class LedgerPort(ABC):
     # --- what a backend provides -----------------------------------------------------------
 
     @abstractmethod
-    def _commit(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerFenced]:
+    def _commit(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerRefused]:
         """Append and project a batch in one transaction (on a worker thread); per request
         its committed events, or why it was refused (its fence no longer holds)."""
 
@@ -221,7 +229,7 @@ class LedgerPort(ABC):
         backend whose reads wait on a server overrides it, so the loop does not wait."""
         return self._rows(sql, args)
 
-    async def _run_commit(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerFenced]:
+    async def _run_commit(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerRefused]:
         return await on_worker_thread(lambda: self._commit(batch))
 
     def _failure(self, error: Exception) -> tuple[LedgerError, bool]:
@@ -260,6 +268,12 @@ class LedgerPort(ABC):
         """Give the lease back with the writes posted before this call, in their
         transaction: ``release`` without a transaction of its own (a no-op for one
         process). Before claiming the session again, ``settle`` it."""
+        return None
+
+    def take_claim_reads(self, session_id: str) -> ClaimReads | None:
+        """What a prompt's commit read when it took the session's lease for this
+        process (``WriteEvents.claim``), once, if it still holds: the claim's reads of a
+        session actor whose lease that commit took. None: read as usual."""
         return None
 
     def holds(self, session_id: str) -> bool:
@@ -467,21 +481,28 @@ class LedgerPort(ABC):
         self._settled(batch)
         published: list[Event] = []
         for request, events in zip(batch, committed, strict=True):
-            if isinstance(events, LedgerFenced):
-                # Another daemon holds the lease now: it may write the session's messages.
-                if request.fence is not None:
+            if isinstance(events, LedgerRefused):
+                fenced = isinstance(events, LedgerFenced)
+                if fenced and request.fence is not None:
+                    # Another daemon holds the lease now: it may write the session's messages.
                     self._lost_written(request.fence[0])
                 if request.reply is not None:
                     request.reply.send_nowait(events)
                 else:
-                    log.warning("write refused: the lease is lost", error=str(events))
+                    why = "the lease is lost" if fenced else "its session does not exist"
+                    log.warning(f"write refused: {why}", error=str(events))
                 continue
             self._saw_inbox(events, own=True)  # before anyone is answered or woken
             if request.reply is not None:
                 request.reply.send_nowait(events)
             published.extend(events)
+        self._after_commit()  # before any checkpoint: no one answered has run yet
         if published:
             await self._published(published, feed)
+
+    def _after_commit(self) -> None:
+        """A batch was committed and its writers answered (they have not run yet)."""
+        return None
 
     def post(
         self,
@@ -527,18 +548,25 @@ class LedgerPort(ABC):
         *,
         blobs: Sequence[tuple[str, bytes]] = (),
         fence: tuple[str, int] | None = None,
+        exists: str | None = None,
+        claim: bool = False,
     ) -> list[Event]:
         """Write and wait until the events (and the file contents they name) are committed.
 
         Raises ``LedgerFenced`` when the writer's lease (``fence``, else the task's
-        ``current_lease``) was taken by another daemon: nothing was written.
+        ``current_lease``) was taken by another daemon, and ``LedgerMissing`` when
+        session ``exists`` does not exist at the commit: nothing was written. With
+        ``claim``, a shared ledger also takes that session's lease in the transaction,
+        if free (``WriteEvents.claim``).
         """
         # Not ``mailbox.ask``: its ``await send`` is a checkpoint, so a caller already
         # cancelled would never post the write. Posted with send_nowait (the mailbox is
         # unbounded) the events reach the writer whatever happens to the caller next.
         reply_send, reply_receive = trio.open_memory_channel[list[Event] | Exception](1)
         lease = fence or current_lease.get()
-        self._mailbox_send.send_nowait(WriteEvents(events, reply_send, blobs, lease))
+        self._mailbox_send.send_nowait(
+            WriteEvents(events, reply_send, blobs, lease, exists=exists, claim=claim)
+        )
         if lease is not None:
             self._unsettled[lease[0]] = self._unsettled.get(lease[0], 0) + 1
         self._end_grouping()

@@ -25,6 +25,7 @@ actor, the same reads and projections. What differs, and why:
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -39,7 +40,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import structlog
 import trio
 
-from harness.messages.events import Event
+from harness.messages.events import Event, NewEvent
 from harness.messages.mailbox import FeedMessage, Publish, RegisterChild, WriteEvents
 from harness.messages.model import InboxItem, Message, Part, Session
 from harness.storage.ledger import stored_text
@@ -51,7 +52,10 @@ from harness.storage.port import (
     ClaimReads,
     LedgerError,
     LedgerFenced,
+    LedgerMissing,
     LedgerPort,
+    LedgerRefused,
+    on_worker_thread,
 )
 from harness.storage.projections import PROJECTIONS
 
@@ -80,6 +84,7 @@ TAKEOVER_BATCH = 256  # sessions one scan claims at most: the rest go to the nex
 ORPHAN_SCAN_SECONDS = 0.5  # how often a daemon looks for work whose holder stopped renewing
 _PG_SQL: dict[str, str] = {}
 _END = "end"  # what tells the tail that the writer has ended
+_POLL = "poll"  # the tail's wait ended with nothing: it reads the log, in case
 _TAIL_CHUNK = 1000  # seqs the tail reads at most at once
 # What another daemon commits that this one acts on, subscriber or not (``_saw_inbox``,
 # ``_hand_over``, ``_register_children``): all the tail reads while this daemon's feed
@@ -93,6 +98,7 @@ _HANDED_OVER = [
     "session.deleted",
     "session.created",
 ]
+_HANDED_OVER_TYPES = frozenset(_HANDED_OVER)
 _FULL_READ = (
     "SELECT seq, ts, type, session_id, data FROM events WHERE seq > %s"
     f" ORDER BY seq LIMIT {_TAIL_CHUNK}"
@@ -116,7 +122,7 @@ class _Attempt:
 
     def __init__(self) -> None:
         self.first: tuple[int, float, str, str] | None = None
-        self.result: list[list[Event] | LedgerFenced] = []
+        self.result: list[list[Event] | LedgerRefused] = []
 
 
 def is_postgres_url(ledger: str | None) -> bool:
@@ -252,11 +258,46 @@ def _result_sets(cursor: psycopg.Cursor[tuple[Any, ...]]) -> list[list[tuple[Any
 _PIECES: dict[str, tuple[bytes, ...]] = {}
 # What a session actor reads once it holds its lease (``ClaimReads``), sent with its claim.
 _CLAIM_READS = (
-    "; SELECT session_id, message_id, resumes FROM turns WHERE session_id = %s"
-    " ORDER BY started; SELECT data FROM inbox WHERE session_id = %s ORDER BY seq;"
-    " SELECT data FROM sessions WHERE id = %s;"
-    " SELECT 0, seq, created_seq, data FROM messages WHERE session_id = %s"
-    " UNION ALL SELECT 1, seq, seq, data FROM parts WHERE session_id = %s ORDER BY 1, 3"
+    ("SELECT session_id, message_id, resumes FROM turns WHERE session_id = ? ORDER BY started", 1),
+    ("SELECT data FROM inbox WHERE session_id = ? ORDER BY seq", 1),
+    ("SELECT data FROM sessions WHERE id = ?", 1),
+    ("SELECT 0, seq, created_seq, data FROM messages WHERE session_id = ?"
+     " UNION ALL SELECT 1, seq, seq, data FROM parts WHERE session_id = ? ORDER BY 1, 3", 2),
+)  # fmt: skip
+# A claim in one statement: a session never leased is taken by its insert (one row
+# written; it was inserted free, then updated); a free or lapsed lease by the update,
+# a row locked (being claimed, or share-locked by an append) skipped: held. Both parts
+# see one snapshot, so the update never sees the row the insert makes.
+_CLAIM = (
+    "WITH ins AS (INSERT INTO leases(session_id, owner, epoch, expires)"
+    " VALUES (?, ?, 1, extract(epoch FROM clock_timestamp()) + ?) ON CONFLICT DO NOTHING"
+    " RETURNING epoch, CAST('' AS TEXT) AS owner),"
+    " old AS (SELECT session_id, owner, epoch FROM leases WHERE session_id = ?"
+    " FOR UPDATE SKIP LOCKED),"
+    " upd AS (UPDATE leases l SET owner = ?,"
+    " epoch = CASE WHEN old.owner = ? THEN old.epoch ELSE old.epoch + 1 END,"
+    " expires = extract(epoch FROM clock_timestamp()) + ?"
+    " FROM old WHERE l.session_id = old.session_id"
+    " AND (old.owner = ? OR l.expires <= extract(epoch FROM clock_timestamp()))"
+    " RETURNING l.epoch, CAST(old.owner AS TEXT) AS owner)"
+    " SELECT epoch, owner FROM ins UNION ALL SELECT epoch, owner FROM upd"
+)
+# The same, in the writer's transaction for a prompt (``WriteEvents.claim``), and only
+# if the session exists: the session, this daemon, the lease time, as ``?`` values.
+_CLAIM_WITH_PROMPT = (
+    "WITH ins AS (INSERT INTO leases(session_id, owner, epoch, expires)"
+    " SELECT ?, ?, 1, extract(epoch FROM clock_timestamp()) + ?"
+    " WHERE EXISTS (SELECT 1 FROM sessions WHERE id = ?) ON CONFLICT DO NOTHING"
+    " RETURNING epoch, CAST('' AS TEXT) AS owner),"
+    " old AS (SELECT session_id, owner, epoch FROM leases WHERE session_id = ?"
+    " FOR UPDATE SKIP LOCKED),"
+    " upd AS (UPDATE leases l SET owner = ?,"
+    " epoch = CASE WHEN old.owner = ? THEN old.epoch ELSE old.epoch + 1 END,"
+    " expires = extract(epoch FROM clock_timestamp()) + ?"
+    " FROM old WHERE l.session_id = old.session_id"
+    " AND (old.owner = ? OR l.expires <= extract(epoch FROM clock_timestamp()))"
+    " RETURNING l.epoch, CAST(old.owner AS TEXT) AS owner)"
+    " SELECT epoch, owner FROM ins UNION ALL SELECT epoch, owner FROM upd"
 )
 # A claim's epoch, the previous owner if another, and with reads their rows.
 _ClaimOutcome = tuple[
@@ -456,6 +497,16 @@ class PostgresLedger(LedgerPort):
         # Sessions whose input no daemon has claimed, each with when this daemon's scan
         # first saw it so (``_keep_leases``): past a lease's time, taken whatever the load.
         self._unclaimed: dict[str, float] = {}
+        # Input on a free lease that the last orphan scan saw waiting, (session_id, its
+        # first seq): taken if the next scan sees it still waiting (``_orphans_now``).
+        self._seen_waiting: set[tuple[str, int]] = set()
+        # Leases the writer's last transaction took with prompts: session -> (epoch, the
+        # previous owner, the claim's reads), for ``_after_commit``.
+        self._claimed_now: dict[str, tuple[int, str | None, tuple[Any, ...]]] = {}
+        # What those claims read, for the session's actor (``take_claim_reads``), with
+        # the epoch and the count of the session's fenced writes settled by then.
+        self._prompt_claims: dict[str, tuple[int, ClaimReads, int]] = {}
+        self._fenced_settled: dict[str, int] = {}  # per session, fenced writes settled
         # Claims, releases and renewals share one connection from several worker threads:
         # one transaction at a time on it.
         self._control_lock = threading.Lock()
@@ -479,6 +530,14 @@ class PostgresLedger(LedgerPort):
         ](1024)
         self._tail_done = trio.Event()
         self._wake_queued = False
+        # Other daemons' commits heard of (NOTIFY) holding nothing this daemon acts on:
+        # first seq -> last. With no subscriber, the tail moves over them unread
+        # (``_skip_quiet``), and needs no read while it has reached every seq heard of
+        # (``_heard``) and nothing was missed (``_read_due``: a LISTEN remade, a notice
+        # not understood).
+        self._quiet: dict[int, int] = {}
+        self._heard = 0
+        self._read_due = True
         self._tail_read: psycopg.Connection[tuple[Any, ...]] | None = None  # made by the tail
         # Seqs this daemon's writer committed (or is committing, the append lock held)
         # that the tail has not published yet: read back from the log, they are this
@@ -661,14 +720,14 @@ class PostgresLedger(LedgerPort):
 
     # --- writing ---------------------------------------------------------------------------
 
-    async def _run_commit(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerFenced]:
+    async def _run_commit(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerRefused]:
         """Commit, waiting out a lost connection with backoff for ``RECONNECT_SECONDS``."""
         import psycopg
 
         delay, waited = 0.1, 0.0
         while True:
             try:
-                return await trio.to_thread.run_sync(self._commit, batch)
+                return await on_worker_thread(lambda: self._commit(batch))
             except psycopg.OperationalError as error:
                 if waited >= RECONNECT_SECONDS:
                     raise
@@ -682,7 +741,7 @@ class PostgresLedger(LedgerPort):
                 waited += delay
                 delay = min(delay * 2, 5.0)
 
-    def _commit(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerFenced]:
+    def _commit(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerRefused]:
         import psycopg
 
         conn = self._write
@@ -718,7 +777,7 @@ class PostgresLedger(LedgerPort):
         conn: psycopg.Connection[tuple[Any, ...]],
         batch: list[WriteEvents],
         attempt: _Attempt,
-    ) -> list[list[Event] | LedgerFenced]:
+    ) -> list[list[Event] | LedgerRefused]:
         """Append a batch in two calls and two round trips, whatever its size.
 
         The first sends BEGIN, the advisory lock, the fence check, the blobs already
@@ -734,6 +793,19 @@ class PostgresLedger(LedgerPort):
         out = attempt.result
         fences = sorted({request.fence[0] for request in batch if request.fence is not None})
         digests = [digest for request in batch for digest, _ in request.blobs]
+        required = sorted({request.exists for request in batch if request.exists is not None})
+        # Prompts whose lease this transaction takes, if free: not one this daemon holds
+        # (nor gives back in this batch: ``_held`` is left before the release is posted).
+        releasing = {r.fence[0] for r in batch if r.release and r.fence is not None}
+        held = self._held  # changed by the event loop meanwhile: looked up, not iterated
+        claims = sorted(
+            {
+                r.exists
+                for r in batch
+                if r.claim and r.exists is not None
+                and r.exists not in releasing and r.exists not in held
+            }
+        )  # fmt: skip
         cursor = conn.cursor()
         owned = range(0)  # the seqs this append numbers, once it sends its commit
         try:
@@ -748,19 +820,46 @@ class PostgresLedger(LedgerPort):
                     " WHERE session_id = ANY(?) FOR SHARE",
                     (fences,),
                 )
+            if required:
+                # Under the append lock: a deletion is an append too, so none lands
+                # between this look and the commit.
+                head.add("SELECT id FROM sessions WHERE id = ANY(?)", (required,))
+            owner, lease = self.owner, self.lease_seconds
+            for session_id in claims:
+                head.add(_CLAIM_WITH_PROMPT, (session_id, owner, lease, session_id,
+                                              session_id, owner, owner, lease, owner))  # fmt: skip
             if digests:
                 head.add("SELECT hash FROM blobs WHERE hash = ANY(?)", (digests,))
             head.add("SELECT coalesce(max(seq), 0) FROM events", ())
             # Without values, psycopg sends a simple query: several statements, never
             # prepared (its text holds the values).
             cursor.execute(head.query(conn), prepare=False)
-            results = _result_sets(cursor)
-            seq = int(results[-1][0][0])
-            current = {row[0]: (row[1], int(row[2])) for row in results[2]} if fences else {}
-            known = {row[0] for row in results[-2]} if digests else set()
+            results = _result_sets(cursor)[2:]  # after BEGIN and the lock
+            seq = int(results.pop()[0][0])
+            current = {row[0]: (row[1], int(row[2])) for row in results.pop(0)} if fences else {}
+            present = {row[0] for row in results.pop(0)} if required else set()
+            # Each prompt's claim: (epoch, previous owner) when it took the lease.
+            taken: dict[str, tuple[int, str]] = {}
+            for session_id in claims:
+                claimed = results.pop(0)
+                if claimed:
+                    taken[session_id] = (int(claimed[0][0]), str(claimed[0][1]))
+            claimed_now: dict[str, tuple[int, str | None, list[int]]] = {}
+            known = {row[0] for row in results.pop(0)} if digests else set()
             rows: list[tuple[Any, ...]] = []
             writes = _Statements()
             for request in batch:
+                if request.exists is not None and request.exists not in present:
+                    out.append(LedgerMissing(f"no session {request.exists}"))
+                    if request.exists in taken:
+                        # Deleted earlier in this batch: its lease goes back at once.
+                        epoch = taken.pop(request.exists)[0]
+                        writes.add(
+                            "UPDATE leases SET expires = 0"
+                            " WHERE session_id = ? AND epoch = ? AND owner = ?",
+                            (request.exists, epoch, owner),
+                        )
+                    continue
                 if request.fence is not None:
                     session_id, epoch = request.fence
                     if current.get(session_id, (self.owner, epoch)) != (self.owner, epoch):
@@ -786,7 +885,21 @@ class PostgresLedger(LedgerPort):
                             (digest, len(data), zlib.compress(data, 1)),
                         )
                 events: list[Event] = []
-                for new in request.events:
+                extra: list[NewEvent] = []
+                if request.claim and request.exists in taken:
+                    session_id = request.exists
+                    epoch, previous = taken.pop(session_id)
+                    other = previous if previous and previous != owner else None
+                    claimed_now[session_id] = (epoch, other, [])
+                    if other is not None:  # the change of hands, in the same commit
+                        leased = {"session_id": session_id, "owner": owner, "epoch": epoch,
+                                  "from": other}  # fmt: skip
+                        extra.append(NewEvent("session.leased", session_id, leased))
+                for new in (*request.events, *extra):
+                    if new.type == "session.created":
+                        present.add(new.session_id)  # a later request of the batch sees it
+                    elif new.type == "session.deleted":
+                        present.discard(new.session_id)
                     stored, text = stored_text(new.data)
                     seq += 1
                     rows.append((seq, now, new.session_id, new.type, text))
@@ -800,15 +913,33 @@ class PostgresLedger(LedgerPort):
                 attempt.first = (first[0], first[1], first[2], first[3])
                 # One statement for the batch's events (their seqs are distinct).
                 writes.add_rows(_EVENT_INSERT, rows)
-                # Delivered by the server at commit: a wake-up for every daemon's tail.
-                writes.add("SELECT pg_notify(?, ?)", (self.channel, str(seq)))
+            if rows:
+                # Delivered by the server at commit: a wake-up for every daemon's tail,
+                # with the seqs and whether any of them is of a type a daemon acts on
+                # (``!``): a tail with no subscriber moves over the others (``_quiet``).
+                handed = any(row[3] in _HANDED_OVER_TYPES for row in rows)
+                notice = f"{rows[0][0]}-{seq}{'!' if handed else ''}"
+                writes.add("SELECT pg_notify(?, ?)", (self.channel, notice))
             writes.add("COMMIT", ())
+            for session_id, (_, _, positions) in claimed_now.items():
+                # What the session's actor reads once it holds the lease, in the same
+                # round trip, each read in a transaction of its own after the commit:
+                # not under the append lock, which every daemon's commits wait for.
+                for sql, count in _CLAIM_READS:
+                    writes.add(sql, (session_id,) * count)
+                    positions.append(len(writes._statements) - 1)
             if rows:
                 # Before the commit, while the lock keeps every other daemon from these
                 # seqs: the tail may read them back before this thread returns.
                 owned = range(rows[0][0], rows[-1][0] + 1)
                 self._own_seqs.update(owned)
             cursor.execute(writes.query(conn), prepare=False)
+            if claimed_now:
+                sets = _result_sets(cursor)
+                self._claimed_now = {
+                    session_id: (epoch, previous, tuple(sets[i] for i in positions))
+                    for session_id, (epoch, previous, positions) in claimed_now.items()
+                }
         except BaseException:
             # Not committed, or not known to be (a connection lost around the commit):
             # forgotten at once (before a ROLLBACK lets the lock go), so that another
@@ -865,15 +996,21 @@ class PostgresLedger(LedgerPort):
         try:
             async with self._tail_receive:
                 while True:
-                    item: list[Event] | str | None = None
+                    item: list[Event] | str | None = _POLL
                     with trio.move_on_after(_POLL_SECONDS):
                         item = await self._tail_receive.receive()
                     if item is None:
                         self._wake_queued = False  # taken: commits from now on wake again
+                        if self._filtering():
+                            cursor = self._skip_quiet(cursor)
+                            if cursor >= self._heard and not self._read_due:
+                                continue  # every commit heard of is one it may skip
                     if isinstance(item, list) and item:
                         last, first = item[-1].seq or 0, item[0].seq or 0
                         if last <= cursor:
                             continue  # read from the log already
+                        if first != cursor + 1 and self._filtering():
+                            cursor = self._skip_quiet(cursor)
                         if first == cursor + 1:
                             cursor = last  # nothing of another daemon's lies between
                             self._own_seqs.difference_update(range(first, last + 1))
@@ -885,13 +1022,46 @@ class PostgresLedger(LedgerPort):
         finally:
             self._tail_done.set()
 
+    def _skip_quiet(self, cursor: int) -> int:
+        """The tail's cursor moved over the other daemons' commits that follow it and
+        hold nothing this daemon acts on (``_quiet``), as a filtered read of them would
+        move it, without the read. Only while the feed has no subscriber
+        (``_filtering``): those commits were heard of, so made, before any subscriber
+        that registers from now on (see ``_filtering``)."""
+        quiet = self._quiet
+        while (last := quiet.pop(cursor + 1, None)) is not None:
+            cursor = last
+        if len(quiet) > _TAIL_CHUNK:  # left behind by reads that went past them
+            for first in [first for first in quiet if first <= cursor]:
+                del quiet[first]
+        return cursor
+
+    def _heard_of(self, notice: str) -> None:
+        """Another daemon's commit notice, ``first-last`` with ``!`` when it holds events
+        of a type this daemon acts on; anything else makes the next wake read."""
+        handed = notice.endswith("!")
+        first, dash, last = notice.rstrip("!").partition("-")
+        if not (dash and first.isdigit() and last.isdigit()):
+            self._read_due = True
+            return
+        self._heard = max(self._heard, int(last))
+        if not handed:
+            if len(self._quiet) >= 4 * _TAIL_CHUNK:
+                self._quiet.clear()  # kept while a subscriber reads all: those are read
+            self._quiet[int(first)] = int(last)
+
     async def _catch_up(
         self, feed: trio.MemorySendChannel[FeedMessage] | None, cursor: int
     ) -> int:
+        self._read_due = False  # this read covers whatever was missed until now
         while True:
             filtered = self._filtering()
             try:
-                events, last = await trio.to_thread.run_sync(self._read_log, cursor, filtered)
+                # One read at a time, never cancelled mid-way (as the writer's commits):
+                # a cached worker thread, without ``to_thread``'s bookkeeping and its
+                # naming of the thread at each call (three system calls).
+                read = functools.partial(self._read_log, cursor, filtered)
+                events, last = await on_worker_thread(read)
             except LedgerError as error:
                 log.warning("the feed cannot read the ledger", error=str(error))
                 return cursor
@@ -904,9 +1074,15 @@ class PostgresLedger(LedgerPort):
             own = self._own_seqs
             theirs = [event for event in events if event.seq not in own]
             own.difference_update(range(cursor + 1, last + 1))
+            whole = last < cursor + _TAIL_CHUNK  # all that was committed when it read
             cursor = last
             if events:
                 await self._publish(feed, events, theirs=theirs)
+            if whole:
+                # Seqs are gapless and committed in order: a read short of its chunk saw
+                # everything. Read again, it found nothing, once a catch-up (issue 18);
+                # what commits from now on wakes the tail again.
+                return cursor
 
     def _filtering(self) -> bool:
         """Whether the tail may leave out what only a subscriber would hear: this
@@ -1028,6 +1204,7 @@ class PostgresLedger(LedgerPort):
             try:
                 conn.execute(f'LISTEN "{self.channel}"')
                 self._live.listening(conn)
+                self._read_due = True  # notices may have been missed meanwhile
                 self._wake_tail()  # what was committed while we were away
                 pgconn = conn.pgconn
                 while True:
@@ -1040,7 +1217,9 @@ class PostgresLedger(LedgerPort):
                             continue  # live events, or who watches them (pg_live.py)
                         # A commit of this daemon's writer reaches the tail as it is: no
                         # need to read it back from the log.
-                        woken = woken or notify.be_pid != ours
+                        if notify.be_pid != ours:
+                            self._heard_of(notify.extra.decode())
+                            woken = True
                     if woken:
                         self._wake_tail()
                     if pgconn.status != 0:  # CONNECTION_OK
@@ -1174,45 +1353,82 @@ class PostgresLedger(LedgerPort):
         return epoch, claim_reads
 
     def _claim_sync(self, session_id: str, reads: bool = False) -> _ClaimOutcome | None:
-        """One round trip: the row made if missing, then taken if free, in one implicit
-        transaction (a simple query of two statements); five round trips before, each
-        a wait on the control connection that every claim of this daemon shares. With
-        ``reads``, the session's claimed turns, inbox and row follow in the same query:
-        each statement sees what was committed before it began, the lease taken first."""
+        """One round trip: the lease taken if missing, free or lapsed (``_CLAIM``), in
+        one implicit transaction; five round trips before, each a wait on the control
+        connection that every claim of this daemon shares. With ``reads``, the session's
+        claimed turns, inbox, row, messages and parts follow in the same query: each
+        statement sees what was committed before it began, the lease taken first."""
         import psycopg
 
         def work(conn: psycopg.Connection[tuple[Any, ...]]) -> _ClaimOutcome | None:
-            with psycopg.ClientCursor(conn) as cursor:
-                cursor.execute(
-                    "INSERT INTO leases(session_id, owner, epoch, expires) VALUES (%s, '', 0, 0)"
-                    " ON CONFLICT DO NOTHING;"
-                    # A row locked (being claimed, or share-locked by an append): held.
-                    " WITH old AS (SELECT session_id, owner, epoch FROM leases"
-                    " WHERE session_id = %s FOR UPDATE SKIP LOCKED)"
-                    " UPDATE leases l SET owner = %s,"
-                    " epoch = CASE WHEN old.owner = %s THEN old.epoch ELSE old.epoch + 1 END,"
-                    " expires = extract(epoch FROM clock_timestamp()) + %s"
-                    " FROM old WHERE l.session_id = old.session_id"
-                    " AND (old.owner = %s OR l.expires <= extract(epoch FROM clock_timestamp()))"
-                    " RETURNING l.epoch, old.owner"
-                    + (_CLAIM_READS if reads else ""),
-                    (session_id, session_id, self.owner, self.owner, self.lease_seconds,
-                     self.owner, *((session_id,) * 5 if reads else ())),
-                )  # fmt: skip
+            # Assembled from the statements cut once at their placeholders, as a commit
+            # is: psycopg's ClientCursor parsed the whole text again at every claim.
+            statements = _Statements()
+            owner, lease = self.owner, self.lease_seconds
+            statements.add(_CLAIM, (session_id, owner, lease, session_id, owner, owner, lease,
+                                    owner))  # fmt: skip
+            if reads:
+                for sql, count in _CLAIM_READS:
+                    statements.add(sql, (session_id,) * count)
+            with conn.cursor() as cursor:
+                cursor.execute(statements.query(conn), prepare=False)
                 sets = _result_sets(cursor)
-            rows = sets[1]
+            rows = sets[0]
             if not rows:
                 return None  # another daemon's lease has not lapsed, or the row is busy
-            epoch, owner = int(rows[0][0]), str(rows[0][1])
-            read = tuple(sets[2:6]) if reads else None
-            return epoch, (owner or None) if owner != self.owner else None, read
+            epoch, previous = int(rows[0][0]), str(rows[0][1])
+            read = tuple(sets[1:5]) if reads else None
+            return epoch, (previous or None) if previous != owner else None, read
 
         try:
             return self._retrying("_control", work)
         except psycopg.Error as error:
             raise LedgerError(f"lease of {session_id}: {_first_line(error)}") from None
 
+    def _settled(self, batch: list[WriteEvents]) -> None:
+        super()._settled(batch)
+        counts = self._fenced_settled
+        for request in batch:
+            if request.fence is not None:
+                counts[request.fence[0]] = counts.get(request.fence[0], 0) + 1
+
+    def _after_commit(self) -> None:
+        """Hold the leases the batch's prompts took, and keep what their claims read for
+        the sessions' actors, woken here (``take_claim_reads``)."""
+        claimed, self._claimed_now = self._claimed_now, {}
+        for session_id, (epoch, previous, read) in claimed.items():
+            self._held[session_id] = epoch
+            if previous is not None:
+                log.info("session taken over", session_id=session_id, epoch=epoch,
+                         previous=previous)  # fmt: skip
+            if not self._unsettled.get(session_id):
+                # Else a write of the session may land after the reads: none kept.
+                turns, inbox, session, history = read
+                reads = ClaimReads(
+                    self.inbox_mark(session_id),  # the inbox was read after this batch's
+                    [(row[0], row[1], int(row[2])) for row in turns],
+                    [InboxItem.model_validate_json(row[0]) for row in inbox],
+                    Session.model_validate_json(session[0][0]) if session else None,
+                    _changes(history, 0),
+                )
+                settled = self._fenced_settled.get(session_id, 0)
+                self._prompt_claims[session_id] = (epoch, reads, settled)
+
+    def take_claim_reads(self, session_id: str) -> ClaimReads | None:
+        kept = self._prompt_claims.pop(session_id, None)
+        if kept is None:
+            return None
+        epoch, reads, settled = kept
+        if (
+            self._held.get(session_id) != epoch
+            or self._unsettled.get(session_id)
+            or self._fenced_settled.get(session_id, 0) != settled
+        ):
+            return None  # the lease changed hands, or the session was written since
+        return reads
+
     async def release(self, session_id: str) -> None:
+        self._prompt_claims.pop(session_id, None)
         epoch = self._held.pop(session_id, None)
         if epoch is None:
             return
@@ -1227,6 +1443,7 @@ class PostgresLedger(LedgerPort):
         every claim of this daemon waits for, once per turn (issue 18). Not held from
         now on (so not renewed); until that commit the fence still holds for this epoch.
         """
+        self._prompt_claims.pop(session_id, None)
         epoch = self._held.pop(session_id, None)
         if epoch is not None:
             self._mailbox_send.send_nowait(
@@ -1350,12 +1567,37 @@ class PostgresLedger(LedgerPort):
 
         return self._retrying("_control", work)
 
+    def _orphans_now(self, rows: Sequence[tuple[Any, ...]]) -> list[tuple[str, bool]]:
+        """The sessions of an orphan scan's rows to take now, each with whether it has a
+        claimed turn (work in flight, taken over whatever the load) or only input
+        waiting (a new turn, which ``_keep_leases`` takes as far as there is room).
+
+        A claimed turn, or input on a lease that lapsed (its holder stopped renewing),
+        at once. Input on a free lease only once the scan before saw the same input
+        waiting (the same first seq), so at least a scan interval ago: fresh input is
+        being claimed by the daemon it was sent to, which woke its own actor with it.
+        Taken at once, a burst of prompts went, hundreds a scan, to whichever daemon
+        scanned first, whose actors then read what their claim would have brought,
+        while the prompted daemon's claims met rows taken (issue 18).
+        """
+        now: list[tuple[str, bool]] = []
+        waiting: set[tuple[str, int]] = set()
+        for session_id, turn, first, expires in rows:
+            sid = str(session_id)
+            if turn:
+                now.append((sid, True))
+            elif float(expires) > 0 or (sid, int(first)) in self._seen_waiting:
+                now.append((sid, False))
+            else:
+                waiting.add((sid, int(first)))
+        self._seen_waiting = waiting
+        return sorted(now)
+
     def _renew_sync(
         self, held: Sequence[tuple[str, int]]
     ) -> tuple[set[str], list[tuple[str, bool]]]:
         """The leases of ``held`` still this daemon's, renewed; and the sessions with
-        work no live lease covers, each with whether it has a claimed turn (work in
-        flight, taken over whatever the load) or only input waiting (a new turn)."""
+        work no live lease covers, to take now (``_orphans_now``)."""
 
         def work(
             conn: psycopg.Connection[tuple[Any, ...]],
@@ -1370,14 +1612,17 @@ class PostgresLedger(LedgerPort):
                     (self.lease_seconds, [s for s, _ in held], [e for _, e in held], self.owner),
                 ).fetchall()
                 kept = {row[0] for row in rows}
-            # Work whose lease lapsed or was never taken: a claimed turn, or input waiting.
-            orphans = conn.execute(
-                "SELECT w.session_id, bool_or(w.turn) FROM (SELECT session_id, true AS turn"
-                " FROM turns UNION ALL SELECT session_id, false FROM inbox) w"
+            # Work whose lease lapsed or was never taken: a claimed turn, or input
+            # waiting, with the first seq of the input and the lease's expiry (0: free,
+            # never taken or given back), for ``_orphans_now``.
+            rows = conn.execute(
+                "SELECT w.session_id, bool_or(w.turn), min(w.first), coalesce(max(l.expires), 0)"
+                " FROM (SELECT session_id, true AS turn, NULL::bigint AS first FROM turns"
+                " UNION ALL SELECT session_id, false, seq FROM inbox) w"
                 " LEFT JOIN leases l ON l.session_id = w.session_id"
                 " WHERE l.session_id IS NULL OR l.expires < extract(epoch FROM clock_timestamp())"
                 " GROUP BY w.session_id"
             ).fetchall()
-            return kept, [(str(row[0]), bool(row[1])) for row in orphans]
+            return kept, self._orphans_now(rows)
 
         return self._retrying("_control", work)
