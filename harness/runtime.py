@@ -346,11 +346,14 @@ class Harness:
         )
         ledger = self.ledger
         # A session no actor runs here: its commit also takes the lease, if free, and
-        # reads what the actor it wakes reads first (a claim's transaction fewer a turn).
+        # reads what the actor it wakes reads first (a claim's transaction fewer a turn);
+        # unless this daemon is too busy to start the turn at once: the lease then stays
+        # free while the turn waits to be admitted, for a less busy daemon to claim.
         claim = (
             ledger.cluster
             and not ledger.holds(session_id)
             and not self._supervisor.runs(session_id)
+            and self._supervisor.accepting()
         )
         try:
             await ledger.write(

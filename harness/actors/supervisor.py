@@ -81,6 +81,11 @@ class Supervisor:
                             actor.mailbox.send_nowait(CancelTurn(message.reply))
             nursery.cancel_scope.cancel()
 
+    def accepting(self) -> bool:
+        """Whether this daemon would start a new turn now, without waiting for its
+        admission (actors/admission.py)."""
+        return self._services.admission.accepting()
+
     def _takes_on(self, wake: WakeSession) -> bool:
         """Whether to act on input another daemon took in (heard of through the shared
         ledger): not while this daemon is busy, unless it runs the session (then the

@@ -1586,10 +1586,13 @@ class PostgresLedger(LedgerPort):
             sid = str(session_id)
             if turn:
                 now.append((sid, True))
-            elif float(expires) > 0 or (sid, int(first)) in self._seen_waiting:
+                continue
+            key = (sid, int(first))
+            if float(expires) > 0 or key in self._seen_waiting:
                 now.append((sid, False))
-            else:
-                waiting.add((sid, int(first)))
+            # Still waiting at the next scan, if nobody takes it (a busy daemon leaves
+            # it to one with room): then it is still not fresh.
+            waiting.add(key)
         self._seen_waiting = waiting
         return sorted(now)
 
