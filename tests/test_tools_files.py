@@ -221,6 +221,32 @@ async def test_read_cuts_long_lines_and_caps_page(root: Path, ctx: ToolContext) 
     assert extra == {}
 
 
+def test_read_page_in_memory_is_the_streamed_page() -> None:
+    """The page of a file held in memory is the page streamed line by line: CRLF and
+    lone CR line ends, non-ASCII and bad UTF-8, cut long lines, the byte cap."""
+    import io
+
+    from harness.tools.read import _PAGE_BYTES, MAX_LINE_CHARS, _page_of, _page_streamed
+
+    wide = "é" * (MAX_LINE_CHARS + 5)
+    files = [
+        b"",
+        b"one\ntwo\nthree",
+        b"dos\r\nline\r\n\r\nend\r\r\n",
+        b"a\rb\nc\r",
+        "caf\u00e9\n\u65e5\u672c\nplain\n".encode(),
+        b"bad \xff byte\n\xc3\n",
+        ("x" * (MAX_LINE_CHARS + 1) + "\n" + wide + "\r\nshort\n").encode(),
+        ("\n".join("\u00e9" * 900 for _ in range(_PAGE_BYTES // 1500))).encode(),
+        ("\n".join("a" * 900 for _ in range(_PAGE_BYTES // 700))).encode(),
+    ]
+    for data in files:
+        for offset, limit in ((1, 2000), (2, 3), (1, 1)):
+            assert _page_of(data, offset, limit) == _page_streamed(
+                io.BytesIO(data), offset, limit
+            ), (data[:40], offset, limit)
+
+
 async def test_read_default_page_fits_executor_limits(root: Path, ctx: ToolContext) -> None:
     (root / "many.txt").write_text("".join(f"{i}\n" for i in range(5000)))
     out = await ReadTool().execute(ReadParams(path="many.txt"), ctx)
