@@ -353,15 +353,20 @@ class Runner:
         if len(previous) < wanted:
             earlier = self._history.recent_tool_calls(user_message_id, wanted - len(previous))
             previous = [
-                (p.tool, json.dumps(p.state.input, sort_keys=True, separators=(",", ":")))
+                (p.tool, _canonical_json(p.state.input))
                 for p in earlier
             ] + previous
         this = (call.tool, _canonical(call.arguments))
         return len(previous) == wanted and all(p == this for p in previous)
 
 
+# ``json.dumps(…, sort_keys=True, separators=(",", ":"))``, its encoder made once rather
+# than per call: the doom-loop check encodes three calls' arguments a step.
+_canonical_json = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
+
+
 def _canonical(arguments: str) -> str:
     try:
-        return json.dumps(json.loads(arguments), sort_keys=True, separators=(",", ":"))
+        return _canonical_json(json.loads(arguments))
     except json.JSONDecodeError:
         return arguments
