@@ -22,7 +22,6 @@ import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 
-import structlog
 import trio
 
 from harness.actors.recording import Post, Recorder, RetrySink, UsageSink
@@ -30,6 +29,7 @@ from harness.context.budget import BUDGET_PROMPT, Budget
 from harness.context.compaction import compact
 from harness.context.limits import DEFAULT_LIMITS, ModelLimits
 from harness.history import History, estimate_tokens, text_of
+from harness.logs import get_logger
 from harness.messages.events import StopReason, TurnResult
 from harness.messages.mailbox import CallOutcome, ExecuteCalls, FeedMessage, PlannedCall, ask
 from harness.messages.model import Session, Tokens, ToolPart
@@ -39,7 +39,7 @@ from harness.providers.base import Provider
 from harness.providers.errors import ContextOverflowError
 from harness.providers.retry import RetryPolicy
 
-log = structlog.get_logger("harness.runner")
+log = get_logger("harness.runner")
 
 MAX_STEPS_PROMPT = (
     "MAXIMUM STEPS REACHED. You have used every step this task was allowed, so tools are "
