@@ -103,13 +103,17 @@ def _user_view(message: UserMessage, parts: list[Part]) -> tuple[ChatMessage, ..
     return (UserTurn(text),)
 
 
+# ``json.dumps(…, separators=(",", ":"))`` with its encoder made once, not per call.
+_compact_json = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def _assistant_view(parts: list[Part]) -> tuple[ChatMessage, ...]:
     text = text_of(parts)
     tools = [p for p in parts if isinstance(p, ToolPart)]
     if not text and not tools:
         return ()  # an aborted or failed step with nothing to show for it
     calls = tuple(
-        ToolCall(p.call_id, p.tool, json.dumps(p.state.input, separators=(",", ":"))) for p in tools
+        ToolCall(p.call_id, p.tool, _compact_json(p.state.input)) for p in tools
     )
     view: list[ChatMessage] = [AssistantTurn(text, calls)]
     for part in tools:

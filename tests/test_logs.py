@@ -9,7 +9,7 @@ from typing import Any
 
 import structlog
 
-from harness.logs import configure_logging
+from harness.logs import configure_logging, get_logger
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
@@ -50,3 +50,27 @@ def test_a_logger_made_before_a_configuration_writes_where_it_says(tmp_path: Pat
     assert [(x["event"], x["level"]) for x in _lines(first)] == [("one", "info")]
     assert [x["event"] for x in _lines(second)] == ["two", "at debug"]
     assert all("timestamp" in x for x in _lines(first) + _lines(second))
+
+
+def test_a_harness_logger_binds_once_per_configuration(tmp_path: Path) -> None:
+    # get_logger's logger keeps what it bound until logging is configured again (structlog's
+    # proxy binds anew on every call); its lines are the proxy's, context and all.
+    log = get_logger("harness.test")
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    configure_logging(level="info", file=first)
+    with structlog.contextvars.bound_contextvars(step=3, message_id="msg_x"):
+        log.info("one", n=1)
+        structlog.get_logger("harness.test").info("one", n=1)
+    bound = log._bound
+    log.debug("not at info")
+    assert log._bound is bound
+    configure_logging(level="debug", file=second)
+    log.info("two", n=2)
+    log.debug("at debug")
+    assert log._bound is not bound
+    mine, theirs = _lines(first)
+    assert mine.pop("timestamp") and theirs.pop("timestamp")
+    assert list(mine.items()) == list(theirs.items())
+    assert mine == {"n": 1, "event": "one", "step": 3, "message_id": "msg_x", "level": "info"}
+    shown = [(x["event"], x["level"]) for x in _lines(second)]
+    assert shown == [("two", "info"), ("at debug", "debug")]

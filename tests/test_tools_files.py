@@ -17,7 +17,7 @@ from harness.tools.edit import EditParams, EditTool
 from harness.tools.glob import GlobParams, GlobTool, compile_glob
 from harness.tools.grep import GrepParams, GrepTool
 from harness.tools.list import ListParams, ListTool
-from harness.tools.paths import display_path, external_need, resolve_path
+from harness.tools.paths import display_path, external_need, real_path, resolve_path
 from harness.tools.read import ReadParams, ReadTool
 from harness.tools.threads import run_file_change
 from harness.tools.truncate import truncate_output
@@ -96,6 +96,43 @@ def test_symlink_escape_needs_external_directory(root: Path, ctx: ToolContext) -
     dir_need = external_need(resolve_path("link", ctx), ctx)
     assert dir_need is not None
     assert dir_need.pattern == f"{elsewhere}/*"
+
+
+def test_real_path_answers_as_realpath(root: Path) -> None:
+    """The kernel's resolution (``O_PATH``) and Python's agree on every kind of path:
+    links relative and absolute, chained, ``..`` after a link, loops, missing parts,
+    a file taken for a directory, doubled slashes, a pipe's /proc name."""
+    elsewhere = root.parent / "away"
+    (elsewhere / "deep").mkdir(parents=True)
+    (elsewhere / "deep" / "f.txt").write_text("x")
+    (root / "sub").mkdir()
+    (root / "sub" / "g.txt").write_text("y")
+    (root / "abs").symlink_to(elsewhere / "deep")
+    (root / "rel").symlink_to("sub")
+    (root / "chain").symlink_to("abs")
+    (root / "file_link").symlink_to(elsewhere / "deep" / "f.txt")
+    (root / "dangling").symlink_to("nowhere")
+    (root / "loop_a").symlink_to("loop_b")
+    (root / "loop_b").symlink_to("loop_a")
+    names = [
+        "", ".", "sub", "sub/", "sub/g.txt", "sub/../sub/g.txt", "abs", "abs/f.txt",
+        "abs/..", "abs/../deep/f.txt", "rel/g.txt", "chain/f.txt", "chain/..",
+        "file_link", "file_link/x", "dangling", "dangling/more", "loop_a", "loop_a/x",
+        "missing", "missing/deeper/f.txt", "sub/g.txt/", "sub//g.txt", "../away/deep",
+    ]
+    for name in names:
+        path = f"{root}/{name}"
+        assert real_path(path) == os.path.realpath(path), name
+    assert real_path("//" + str(root)[1:]) == os.path.realpath("//" + str(root)[1:])
+    read_end, write_end = os.pipe()
+    try:
+        pipe = f"/proc/self/fd/{read_end}"
+        assert real_path(pipe) == os.path.realpath(pipe)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    with pytest.raises(ValueError):
+        real_path(f"{root}/nul\0byte")
 
 
 def test_read_permissions_order(root: Path, ctx: ToolContext) -> None:
@@ -182,6 +219,32 @@ async def test_read_cuts_long_lines_and_caps_page(root: Path, ctx: ToolContext) 
     # The page and its footer fit the executor's limits, so it never truncates a read.
     _, extra = truncate_output(out.output, output_dir=ctx.output_dir, call_id="r")
     assert extra == {}
+
+
+def test_read_page_in_memory_is_the_streamed_page() -> None:
+    """The page of a file held in memory is the page streamed line by line: CRLF and
+    lone CR line ends, non-ASCII and bad UTF-8, cut long lines, the byte cap."""
+    import io
+
+    from harness.tools.read import _PAGE_BYTES, MAX_LINE_CHARS, _page_of, _page_streamed
+
+    wide = "é" * (MAX_LINE_CHARS + 5)
+    files = [
+        b"",
+        b"one\ntwo\nthree",
+        b"dos\r\nline\r\n\r\nend\r\r\n",
+        b"a\rb\nc\r",
+        "caf\u00e9\n\u65e5\u672c\nplain\n".encode(),
+        b"bad \xff byte\n\xc3\n",
+        ("x" * (MAX_LINE_CHARS + 1) + "\n" + wide + "\r\nshort\n").encode(),
+        ("\n".join("\u00e9" * 900 for _ in range(_PAGE_BYTES // 1500))).encode(),
+        ("\n".join("a" * 900 for _ in range(_PAGE_BYTES // 700))).encode(),
+    ]
+    for data in files:
+        for offset, limit in ((1, 2000), (2, 3), (1, 1)):
+            assert _page_of(data, offset, limit) == _page_streamed(
+                io.BytesIO(data), offset, limit
+            ), (data[:40], offset, limit)
 
 
 async def test_read_default_page_fits_executor_limits(root: Path, ctx: ToolContext) -> None:

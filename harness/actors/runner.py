@@ -22,7 +22,6 @@ import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 
-import structlog
 import trio
 
 from harness.actors.recording import Post, Recorder, RetrySink, UsageSink
@@ -30,6 +29,7 @@ from harness.context.budget import BUDGET_PROMPT, Budget
 from harness.context.compaction import compact
 from harness.context.limits import DEFAULT_LIMITS, ModelLimits
 from harness.history import History, estimate_tokens, text_of
+from harness.logs import get_logger
 from harness.messages.events import StopReason, TurnResult
 from harness.messages.mailbox import CallOutcome, ExecuteCalls, FeedMessage, PlannedCall, ask
 from harness.messages.model import Session, Tokens, ToolPart
@@ -39,7 +39,7 @@ from harness.providers.base import Provider
 from harness.providers.errors import ContextOverflowError
 from harness.providers.retry import RetryPolicy
 
-log = structlog.get_logger("harness.runner")
+log = get_logger("harness.runner")
 
 MAX_STEPS_PROMPT = (
     "MAXIMUM STEPS REACHED. You have used every step this task was allowed, so tools are "
@@ -353,15 +353,20 @@ class Runner:
         if len(previous) < wanted:
             earlier = self._history.recent_tool_calls(user_message_id, wanted - len(previous))
             previous = [
-                (p.tool, json.dumps(p.state.input, sort_keys=True, separators=(",", ":")))
+                (p.tool, _canonical_json(p.state.input))
                 for p in earlier
             ] + previous
         this = (call.tool, _canonical(call.arguments))
         return len(previous) == wanted and all(p == this for p in previous)
 
 
+# ``json.dumps(…, sort_keys=True, separators=(",", ":"))``, its encoder made once rather
+# than per call: the doom-loop check encodes three calls' arguments a step.
+_canonical_json = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
+
+
 def _canonical(arguments: str) -> str:
     try:
-        return json.dumps(json.loads(arguments), sort_keys=True, separators=(",", ":"))
+        return _canonical_json(json.loads(arguments))
     except json.JSONDecodeError:
         return arguments

@@ -18,11 +18,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import structlog
 import trio
 from pydantic import ValidationError
 from structlog.contextvars import bind_contextvars, reset_contextvars
 
+from harness.logs import get_logger
 from harness.messages.events import NewEvent, StopReason
 from harness.messages.mailbox import (
     AskPermission,
@@ -63,7 +63,7 @@ from harness.tools.process import process_identity
 from harness.tools.sandbox import Sandbox
 from harness.tools.truncate import truncate_output
 
-log = structlog.get_logger("harness.tools")
+log = get_logger("harness.tools")
 
 
 def describe_validation_error(tool: str, error: ValidationError) -> str:

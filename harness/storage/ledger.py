@@ -45,11 +45,14 @@ __all__ = ["Durability", "FileChangeRow", "Ledger", "LedgerError", "LedgerPort"]
 Durability = Literal["normal", "full"]
 
 
-def _dumps(data: dict[str, Any]) -> str:
-    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+# json.dumps with any argument of its own builds a JSONEncoder per call: the writer
+# encodes every event of a step (~8), so one encoder, made once, does it (the same text).
+_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 def _encodable(text: str) -> bool:
+    if text.isascii():  # most events; no copy made to find out
+        return True
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

@@ -42,7 +42,39 @@ def _resolve(raw: str, ctx: ToolContext) -> Path:
     # parsing of the intermediate paths cost more than realpath's own work.
     # os.path.join keeps an absolute ``raw`` as it is, as ``/`` did.
     expanded = os.path.join(ctx.directory, os.path.expanduser(raw.strip()))
-    return Path(os.path.realpath(expanded))
+    return Path(real_path(expanded))
+
+
+# Opening a path for its name only (no read, no device opened, no permission on the file
+# needed) lets the kernel resolve it: Linux's ``O_PATH``.
+_O_PATH = getattr(os, "O_PATH", 0)
+
+
+def real_path(path: str) -> str:
+    """``os.path.realpath(path)``, resolved by the kernel when it can.
+
+    Python's realpath walks the path a component at a time (an ``lstat`` each, ~90
+    Python calls for a file five directories deep); a step resolves its ``read``'s path
+    twice (the permission check, the read), ~25 µs each. The kernel resolves a path that
+    exists in one ``open`` and names the result in ``/proc/self/fd``: ~8 µs. Anything
+    else (a missing file, a loop, a denied directory, no ``/proc``, a name that is not a
+    path) is Python's realpath, whose answer for a path that exists is the same.
+    """
+    if _O_PATH:
+        try:
+            fd = os.open(path, _O_PATH | os.O_CLOEXEC)
+        except OSError:
+            return os.path.realpath(path)
+        try:
+            real = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            real = ""
+        finally:
+            os.close(fd)
+        # Not a path ("pipe:[12]" through /proc/self/fd/0), or one since unlinked.
+        if real.startswith("/") and not real.endswith(" (deleted)"):
+            return real
+    return os.path.realpath(path)
 
 
 def _inside(path: str, root: str) -> bool:

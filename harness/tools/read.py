@@ -150,14 +150,24 @@ def _page_of(data: bytes, offset: int, limit: int) -> tuple[list[str], bool, int
     pieces = data.split(b"\n", end)[offset - 1 : end] if end >= offset else []
     # One decode for the page: a newline byte is never inside a UTF-8 sequence, so each
     # line decodes as it would alone, bad bytes replaced the same way.
-    lines = b"\n".join(pieces).decode("utf-8", errors="replace").split("\n") if pieces else []
+    text = b"\n".join(pieces).decode("utf-8", errors="replace") if pieces else ""
+    # Asked of the page once rather than of each line (three calls a line, most of the
+    # loop's cost): whether any line may end in \r, and whether all of it is ASCII (then
+    # a line's length is its size in bytes).
+    crlf = "\r" in text
+    ascii_page = text.isascii()
     out: list[str] = []
     used = 0
     capped = False
-    for number, line in enumerate(lines, start=offset):
-        shown = cut_line(line.rstrip("\r"))
+    for number, line in enumerate(text.split("\n") if pieces else (), start=offset):
+        if crlf:
+            line = line.rstrip("\r")
+        shown = line if len(line) <= MAX_LINE_CHARS else cut_line(line)
         numbered = f"{number:>6}\t{shown}"
-        size = (len(numbered) if numbered.isascii() else len(numbered.encode("utf-8"))) + 1
+        if ascii_page or numbered.isascii():
+            size = len(numbered) + 1
+        else:
+            size = len(numbered.encode("utf-8")) + 1
         if out and used + size > _PAGE_BYTES:
             capped = True
             break
