@@ -268,10 +268,7 @@ _CLAIM_READS = (
 # written; it was inserted free, then updated); a free or lapsed lease by the update,
 # a row locked (being claimed, or share-locked by an append) skipped: held. Both parts
 # see one snapshot, so the update never sees the row the insert makes.
-_CLAIM = (
-    "WITH ins AS (INSERT INTO leases(session_id, owner, epoch, expires)"
-    " VALUES (?, ?, 1, extract(epoch FROM clock_timestamp()) + ?) ON CONFLICT DO NOTHING"
-    " RETURNING epoch, CAST('' AS TEXT) AS owner),"
+_CLAIM_FREE_OR_LAPSED = (
     " old AS (SELECT session_id, owner, epoch FROM leases WHERE session_id = ?"
     " FOR UPDATE SKIP LOCKED),"
     " upd AS (UPDATE leases l SET owner = ?,"
@@ -282,22 +279,18 @@ _CLAIM = (
     " RETURNING l.epoch, CAST(old.owner AS TEXT) AS owner)"
     " SELECT epoch, owner FROM ins UNION ALL SELECT epoch, owner FROM upd"
 )
+_CLAIM = (
+    "WITH ins AS (INSERT INTO leases(session_id, owner, epoch, expires)"
+    " VALUES (?, ?, 1, extract(epoch FROM clock_timestamp()) + ?) ON CONFLICT DO NOTHING"
+    " RETURNING epoch, CAST('' AS TEXT) AS owner)," + _CLAIM_FREE_OR_LAPSED
+)
 # The same, in the writer's transaction for a prompt (``WriteEvents.claim``), and only
 # if the session exists: the session, this daemon, the lease time, as ``?`` values.
 _CLAIM_WITH_PROMPT = (
     "WITH ins AS (INSERT INTO leases(session_id, owner, epoch, expires)"
     " SELECT ?, ?, 1, extract(epoch FROM clock_timestamp()) + ?"
     " WHERE EXISTS (SELECT 1 FROM sessions WHERE id = ?) ON CONFLICT DO NOTHING"
-    " RETURNING epoch, CAST('' AS TEXT) AS owner),"
-    " old AS (SELECT session_id, owner, epoch FROM leases WHERE session_id = ?"
-    " FOR UPDATE SKIP LOCKED),"
-    " upd AS (UPDATE leases l SET owner = ?,"
-    " epoch = CASE WHEN old.owner = ? THEN old.epoch ELSE old.epoch + 1 END,"
-    " expires = extract(epoch FROM clock_timestamp()) + ?"
-    " FROM old WHERE l.session_id = old.session_id"
-    " AND (old.owner = ? OR l.expires <= extract(epoch FROM clock_timestamp()))"
-    " RETURNING l.epoch, CAST(old.owner AS TEXT) AS owner)"
-    " SELECT epoch, owner FROM ins UNION ALL SELECT epoch, owner FROM upd"
+    " RETURNING epoch, CAST('' AS TEXT) AS owner)," + _CLAIM_FREE_OR_LAPSED
 )
 # A claim's epoch, the previous owner if another, and with reads their rows.
 _ClaimOutcome = tuple[
