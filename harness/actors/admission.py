@@ -29,6 +29,14 @@ unused, and cost up to 25 % of the throughput of the saturation run, whose 300 t
 30 steps all start at once (a turn started late ends the run late); at 0.85, with a 2 s
 bound, the saturation throughput is kept and the burst's p99 is about halved.
 
+It is off unless asked for (``admission_seconds``, 0 by default). Once the prompts and
+claims themselves had been made cheaper and the daemon's full GC passes moved (issue 18,
+sixth pass), the gate's gain in that burst was small against what it cost, on a quiet
+machine: step overhead p99 68-91 ms with it against 88-160 ms without, but claims p99
+0.5-1.3 s against 65-82 ms, and one daemon at saturation ran a turn's start up to 2 s late
+(300 x 30 steps over 1 and 2 daemons: x1.52 with it, x1.77 without). An operator who wants
+the running turns' steps smooth at the price of slower starts turns it on.
+
 Only the start waits: the prompt is durable (``inbox.added``) and answered before it
 comes here. On a shared ledger the start waits before the lease is claimed, so a less
 busy daemon can claim the session meanwhile (its tail's wake, or its scan of waiting
@@ -107,7 +115,7 @@ class TurnGate:
 
     def __init__(
         self,
-        bound: float = 2.0,
+        bound: float = 0.0,
         *,
         busy: float = BUSY,
         starting: int = MAX_STARTING,
