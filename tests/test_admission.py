@@ -222,6 +222,15 @@ async def test_a_burst_of_prompts_on_a_busy_daemon_is_durable_at_once_and_all_ru
         assert gate.starting == 0 and gate.waiting == 0
 
 
+async def _prompt_held_at_the_gate(h: Harness, session_id: str) -> None:
+    """Prompt the session, and return once its turn waits to be admitted."""
+    gate = h._supervisor._services.admission
+    await h.prompt(session_id, "go")
+    with trio.fail_after(DEADLINE):
+        while gate.waiting == 0:
+            await trio.sleep(0.01)
+
+
 async def test_cancel_of_a_turn_waiting_to_be_admitted_ends_it_as_cancelled(
     tmp_path: Path, project: Path
 ) -> None:
@@ -230,10 +239,7 @@ async def test_cancel_of_a_turn_waiting_to_be_admitted_ends_it_as_cancelled(
         gate = h._supervisor._services.admission
         session_id = (await h.create_session(project)).id
         async with busy_loop():
-            await h.prompt(session_id, "go")
-            with trio.fail_after(DEADLINE):
-                while gate.waiting == 0:
-                    await trio.sleep(0.01)
+            await _prompt_held_at_the_gate(h, session_id)
             assert await h.cancel(session_id)
             done = await finished(h, 1)
         assert done[0].data["reason"] == "cancelled"
@@ -251,10 +257,7 @@ async def test_delete_of_a_session_whose_turn_waits_to_be_admitted(
         gate = h._supervisor._services.admission
         session_id = (await h.create_session(project)).id
         async with busy_loop():
-            await h.prompt(session_id, "go")
-            with trio.fail_after(DEADLINE):
-                while gate.waiting == 0:
-                    await trio.sleep(0.01)
+            await _prompt_held_at_the_gate(h, session_id)
             with trio.fail_after(5):  # not the 10 s a delete waits for a turn's end
                 await h.delete_session(session_id)
             with trio.fail_after(DEADLINE):

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,22 @@ async def _commits(feed: trio.MemoryReceiveChannel[FeedMessage], into: list[Sequ
             into.append([event.type for event in message.events])
 
 
+@asynccontextmanager
+async def _writing(ledger: Ledger) -> AsyncIterator[list[Sequence[str]]]:
+    """The ledger's writer running, and the event types of each transaction it commits,
+    complete once the block has ended (the writer closed, its commits heard)."""
+    send, receive = trio.open_memory_channel[FeedMessage](100)
+    commits: list[Sequence[str]] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ledger.run_writer, send)
+        nursery.start_soon(_commits, receive, commits)
+        await trio.testing.wait_all_tasks_blocked()
+        yield commits
+        ledger.close_writer()
+        await trio.testing.wait_all_tasks_blocked()  # the writer ends, its commits heard
+        nursery.cancel_scope.cancel()
+
+
 async def _until_titled(ledger: Ledger, session_id: str, title: str) -> None:
     while (stored := ledger.session(session_id)) is None or stored.title != title:
         await trio.sleep(0.001)
@@ -105,12 +122,7 @@ async def _until_titled(ledger: Ledger, session_id: str, title: str) -> None:
 async def test_a_post_that_may_wait_is_committed_by_its_bound_alone(tmp_path: Path) -> None:
     ledger = Ledger(tmp_path / "ledger.db", post_delay=0.002)
     session = _session()
-    send, receive = trio.open_memory_channel[FeedMessage](100)
-    commits: list[Sequence[str]] = []
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(ledger.run_writer, send)
-        nursery.start_soon(_commits, receive, commits)
-        await trio.testing.wait_all_tasks_blocked()
+    async with _writing(ledger) as commits:
         started = trio.current_time()
         ledger.post([NewEvent.of("session.created", session.id, session)], within=0.5)
         await trio.sleep(0.1)
@@ -119,9 +131,6 @@ async def test_a_post_that_may_wait_is_committed_by_its_bound_alone(tmp_path: Pa
             while ledger.session(session.id) is None:
                 await trio.sleep(0.005)
         assert trio.current_time() - started >= 0.5
-        ledger.close_writer()
-        await trio.testing.wait_all_tasks_blocked()  # the writer ends, its commits heard
-        nursery.cancel_scope.cancel()
     assert commits == [["session.created"]]
     ledger.close()
 
@@ -134,12 +143,7 @@ async def test_a_post_joining_a_longer_wait_is_committed_within_its_own_bound(
     30 s the first asked for; one queued behind it before the writer ran keeps it short."""
     ledger = Ledger(tmp_path / "ledger.db", post_delay=0.002)
     session = _session()
-    send, receive = trio.open_memory_channel[FeedMessage](100)
-    commits: list[Sequence[str]] = []
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(ledger.run_writer, send)
-        nursery.start_soon(_commits, receive, commits)
-        await trio.testing.wait_all_tasks_blocked()
+    async with _writing(ledger) as commits:
         ledger.post([NewEvent.of("session.created", session.id, session)], within=30.0)
         if not queued:
             await trio.testing.wait_all_tasks_blocked()  # the writer waits, for 30 s
@@ -151,9 +155,6 @@ async def test_a_post_joining_a_longer_wait_is_committed_within_its_own_bound(
         ledger.post(_titled(session, "t3"), within=30.0)
         with trio.fail_after(5):
             await _until_titled(ledger, session.id, "t3")
-        ledger.close_writer()
-        await trio.testing.wait_all_tasks_blocked()  # the writer ends, its commits heard
-        nursery.cancel_scope.cancel()
     assert commits == [["session.created", "session.updated"], ["session.updated"] * 2]
     ledger.close()
 

@@ -62,8 +62,6 @@ class Supervisor:
                     if isinstance(message, WakeSession):
                         if message.orphan:
                             self._orphans.add(message.session_id)
-                        if message.remote and not self._takes_on(message):
-                            continue
                         if message.remote and not await self._remote_wake(
                             message.session_id, orphan=message.orphan
                         ):
@@ -85,19 +83,6 @@ class Supervisor:
         """Whether this daemon would start a new turn now, without waiting for its
         admission (actors/admission.py)."""
         return self._services.admission.accepting()
-
-    def _takes_on(self, wake: WakeSession) -> bool:
-        """Whether to act on input another daemon took in (heard of through the shared
-        ledger): not while this daemon is busy, unless it runs the session (then the
-        input is its to run). The daemon it was sent to starts it, or, if that one is
-        busy too and this one frees up first, this daemon's scan of waiting input does."""
-        session_id = wake.session_id
-        return (
-            wake.orphan
-            or session_id in self._actors
-            or self._services.ledger.holds(session_id)
-            or self._services.admission.accepting()
-        )
 
     async def _abandon_child_turn(self, session_id: str, message_id: str) -> None:
         """End a child's turn that no process runs any more.
