@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from harness.actors.admission import LoopLoad, TurnGate
@@ -106,6 +107,30 @@ async def test_a_need_that_asks_still_goes_to_the_permission_actor(
     )
     assert reason == "answered" and permission_steps >= 1
     assert [(d["allowed"], d["source"]) for d in decided] == [(True, "yes")]
+
+
+async def test_a_read_step_makes_no_reply_channel_for_its_executor_or_its_gate(
+    tmp_path: Path, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made = 0
+    new = trio.open_memory_channel.__new__
+
+    def counted(cls: Any, size: float) -> Any:
+        nonlocal made
+        made += 1
+        return new(cls, size)
+
+    monkeypatch.setattr(trio.open_memory_channel, "__new__", counted)
+    counts = []
+    for steps in (2, 8):
+        made = 0
+        reads = [_read("notes.txt"), _read("package.json")] * (steps // 2)
+        reason, _, _ = await _turn(tmp_path / f"home{steps}", project, [*reads, {"text": "ok"}])
+        assert reason == "answered"
+        counts.append(made)
+    # Per step: the ledger flush's reply alone. Before: an ``ask`` channel for the
+    # ToolExecutor and another for the Permission actor as well (3 a step).
+    assert (counts[1] - counts[0]) / 6 <= 1
 
 
 async def test_the_turn_gate_measures_the_loop_only_when_it_is_on() -> None:
