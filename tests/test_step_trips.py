@@ -16,9 +16,12 @@ import trio
 
 from harness.actors.admission import LoopLoad, TurnGate
 from harness.config import Config
-from harness.messages.model import Rule
+from harness.history import History
+from harness.messages.events import NewEvent
+from harness.messages.model import Rule, TextPart
 from harness.providers.scripted import ScriptedProvider
 from harness.runtime import open_harness
+from harness.storage.ledger import Ledger
 
 
 class _TaskSteps(trio.abc.Instrument):
@@ -131,6 +134,67 @@ async def test_a_read_step_makes_no_reply_channel_for_its_executor_or_its_gate(
     # Per step: the ledger flush's reply alone. Before: an ``ask`` channel for the
     # ToolExecutor and another for the Permission actor as well (3 a step).
     assert (counts[1] - counts[0]) / 6 <= 1
+
+
+async def test_a_step_applies_its_own_commits_to_the_history_without_reading_them_back(
+    tmp_path: Path, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads = 0
+    histories: list[History] = []
+    changes, close = Ledger.changes, History.close
+
+    def counted(self: Ledger, session_id: str, after_seq: int) -> Any:
+        nonlocal reads
+        reads += 1
+        return changes(self, session_id, after_seq)
+
+    def kept(self: History) -> None:
+        histories.append(self)
+        close(self)
+
+    monkeypatch.setattr(Ledger, "changes", counted)
+    monkeypatch.setattr(History, "close", kept)
+    turns = [_read("notes.txt"), _read("package.json")] * 4
+    provider = ScriptedProvider.from_turns([*turns, {"text": "read"}])
+    home = tmp_path / "home"
+    cfg = Config(
+        home=home,
+        model=f"scripted:{home / 'unused.json'}",
+        provider_factory=lambda model: provider,
+        interactive=False,
+    )
+    async with open_harness(cfg) as h:
+        session = await h.create_session(project)
+        result = await h.run(session.id, "go")
+        assert result.reason == "answered"
+        # The turn's first catch-up reads; every step after it applies the events its
+        # writer committed. Before: a read of the changed rows at each of the 9 steps.
+        assert reads <= 1
+        [history] = histories
+        fresh = History(h.ledger, session.id)
+        fresh.sync()  # what a read of the whole session gives
+        assert history.mark == fresh.mark
+        assert history.chat() == fresh.chat() and history.estimate() == fresh.estimate()
+        steps = [m for m in h.ledger.messages(session.id) if m.info.role == "assistant"]
+        for message in steps:
+            assert history.parts_of(message.info.id) == fresh.parts_of(message.info.id)
+            assert history.parts_of(message.info.id) == message.parts
+
+        # Another history of the session follows it the same way; once the writer cannot
+        # vouch for what changed (a failed or refused commit: ``_lost_written``), it reads.
+        follower = History(h.ledger, session.id)
+        await follower.catch_up()
+        before = reads
+        text = next(p for m in steps for p in m.parts if isinstance(p, TextPart))
+        for version, lost in (("edited once", False), ("edited twice", True)):
+            if lost:
+                h.ledger._lost_written(session.id)
+            edited = text.model_copy(update={"text": version})
+            await h.ledger.write([NewEvent.of("part.updated", session.id, edited)])
+            await follower.catch_up()
+            assert edited in follower.parts_of(text.message_id)
+        assert reads == before + 1  # the second catch-up alone
+        follower.close()
 
 
 async def test_the_turn_gate_measures_the_loop_only_when_it_is_on() -> None:
