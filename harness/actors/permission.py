@@ -7,7 +7,9 @@ answer wins; a stored "always" approval turns an ask into allow, never a deny). 
 (``interactive=False``: a script, CI). With ``yes`` (``--yes``) an ask is answered "allow"
 at once: it answers asks only, so a deny from any layer (defaults, agent, config, session,
 a parent session) still stands. Every decision is recorded in the ledger with the rule that
-matched.
+matched. A need the rules alone allow or deny never comes here: the ToolExecutor answers
+it itself, with the same decision and record (harness/permissions/decision.py), since no
+approval, reply or ``--yes`` could change it.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from harness.messages.mailbox import (
 )
 from harness.messages.model import Rule
 from harness.messages.permission import PermissionDecision, PermissionRequest
+from harness.permissions.decision import decided_event
 from harness.permissions.ruleset import decide_need
 from harness.storage.port import LedgerPort
 
@@ -204,26 +207,8 @@ class Permission:
             self._answer(pending.ask, PermissionDecision(False, "cancelled"))
 
     def _decide(self, ask: AskPermission, decision: PermissionDecision) -> None:
-        need = ask.need
-        self._ledger.post(
-            [
-                NewEvent(
-                    "permission.decided",
-                    ask.session_id,
-                    {
-                        "call_id": ask.call_id,
-                        "tool": ask.tool,
-                        "permission": need.permission,
-                        "pattern": need.pattern,
-                        "allowed": decision.allowed,
-                        "source": decision.source,
-                        "rule": decision.rule.model_dump() if decision.rule else None,
-                        "reply": decision.reply,
-                        "request_id": decision.request_id,
-                    },
-                )
-            ]
-        )
+        event = decided_event(ask.session_id, ask.call_id, ask.tool, ask.need, decision)
+        self._ledger.post([event])
         self._answer(ask, decision)
 
     @staticmethod

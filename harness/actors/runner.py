@@ -19,6 +19,7 @@ compaction turn is ``context.compaction.compact``.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -31,7 +32,7 @@ from harness.context.limits import DEFAULT_LIMITS, ModelLimits
 from harness.history import History, estimate_tokens, text_of
 from harness.logs import get_logger
 from harness.messages.events import StopReason, TurnResult
-from harness.messages.mailbox import CallOutcome, ExecuteCalls, FeedMessage, PlannedCall, ask
+from harness.messages.mailbox import CallOutcome, ExecuteCalls, FeedMessage, PlannedCall
 from harness.messages.model import Session, Tokens, ToolPart
 from harness.messages.outcome import Next, Overflow, StepOutcome, Stop
 from harness.messages.provider import ToolSpec
@@ -124,7 +125,10 @@ class Runner:
         self._history = ledger_history
         self._flush = ledger_flush
         self._take_steered = take_steered
-        self._executor = executor
+        self._executor = executor  # unbounded: a step's calls never wait to be handed over
+        self._outcomes_send, self._outcomes = trio.open_memory_channel[list[CallOutcome]](
+            math.inf
+        )
         self._on_usage = on_usage
         self._context = context or ContextPolicy()
         self._budget = budget
@@ -328,11 +332,20 @@ class Runner:
         return stop if stop is not None else Next()
 
     async def _execute(self, message_id: str, calls: list[PlannedCall]) -> Stop | None:
-        """Hand the calls to the ToolExecutor; a stop when one call's outcome ends the turn."""
-        outcomes: list[CallOutcome] = await ask(
-            self._executor, lambda reply: ExecuteCalls(message_id, calls, reply)
-        )
-        return next((Stop(o.stop) for o in outcomes if o.stop is not None), None)
+        """Hand the calls to the ToolExecutor; a stop when one call's outcome ends the turn.
+
+        The answer comes on the runner's channel for the turn: ``ask``'s channel a
+        request cost ~4.4 µs and ~20 Python calls a step. An answer that does not list
+        these calls is an earlier ask's, abandoned (there is none today: a cancel ends
+        the runner and its executor together), and is dropped as ``ask`` would drop it.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()  # a cancelled runner sends nothing
+        self._executor.send_nowait(ExecuteCalls(message_id, calls, self._outcomes_send))
+        wanted = [call.call_id for call in calls]
+        while True:
+            outcomes = await self._outcomes.receive()
+            if [outcome.call_id for outcome in outcomes] == wanted:
+                return next((Stop(o.stop) for o in outcomes if o.stop is not None), None)
 
     def _planned(
         self, user_message_id: str, calls: list[PlannedCall], refusal: str | None

@@ -1,6 +1,7 @@
 """ToolExecutor: the one path every tool call takes (DESIGN §1 rule 2).
 
-validate the arguments → ask Permission for each need → record ``running`` durably →
+validate the arguments → ask Permission for each need (a need the rules alone allow or
+deny is answered here: harness/permissions/decision.py) → record ``running`` durably →
 execute inside the caller's cancel scope → truncate → record the result, bound to the
 call id. A call that fails any stage never reaches the next one: invalid arguments never
 run, an unapproved command never starts a process. The calls of one step run
@@ -43,6 +44,7 @@ from harness.messages.model import (
 )
 from harness.messages.names import shown
 from harness.messages.permission import PermissionDecision, PermissionNeed
+from harness.permissions.decision import decided_event, rule_decision
 from harness.permissions.ruleset import decide
 from harness.secrets import has_secrets, redact, redact_file
 from harness.snapshots import Blob, CallSnapshot, patch_part
@@ -339,7 +341,15 @@ class ToolExecutor:
     async def _ask(
         self, message_id: str, call: PlannedCall, need: PermissionNeed
     ) -> PermissionDecision:
-        decision: PermissionDecision = await ask(
+        """The gate's answer to ``need``: the rules' own when they allow or deny it,
+        recorded here as the Permission actor would; else the actor's (approvals, asks)."""
+        decision = rule_decision(need, self._layers)
+        if decision is not None:
+            await trio.lowlevel.checkpoint_if_cancelled()  # as the ask's own, before it
+            event = decided_event(self._session_id, call.call_id, call.tool, need, decision)
+            self._ledger.post([event])
+            return decision
+        answer: PermissionDecision = await ask(
             self._permission,
             lambda reply: AskPermission(
                 session_id=self._session_id,
@@ -352,7 +362,7 @@ class ToolExecutor:
                 reply=reply,
             ),
         )
-        return decision
+        return answer
 
     async def _run(
         self,

@@ -250,6 +250,10 @@ class CallOutcome:
 
 @dataclass(slots=True, frozen=True)
 class ExecuteCalls:
+    """A step's calls for the ToolExecutor. ``reply`` is the runner's own channel for
+    every step of the turn (not one a request): the runner asks one step at a time, and
+    takes the answer that lists its calls."""
+
     message_id: str
     calls: Sequence[PlannedCall]
     reply: trio.MemorySendChannel[list[CallOutcome]]

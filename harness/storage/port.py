@@ -375,12 +375,12 @@ class LedgerPort(ABC):
         """Keep, for ``follower`` (a history), the session's message and part events this
         process's writer commits from now on, until ``take_written`` hands them over.
 
-        Only a shared ledger keeps them: under a session's lease its holder is the only
-        writer of its messages and parts (the fence), and the tail tells of any other
-        commit it hears. A SQLite file may be written by other processes unheard, and
-        its read is in-process and cheap: there the history reads (issue 18)."""
-        if self.cluster:
-            self._written[session_id] = (follower, [])
+        Under a session's lease its holder is the only writer of its messages and parts
+        on a shared ledger (the fence), and the tail tells of any other commit it hears;
+        a SQLite file has one running harness, the holder of its lock
+        (harness/storage/lock.py), whose readers write nothing. A failed or refused
+        commit, or a foreign one heard, makes the follower read again (``_written``)."""
+        self._written[session_id] = (follower, [])
 
     def unfollow(self, session_id: str, follower: object) -> None:
         """Keep nothing more for ``follower``: its turn is over."""
