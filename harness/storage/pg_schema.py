@@ -129,6 +129,18 @@ PG_MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             PRIMARY KEY (channel, session_id)
         )""",
     ),
+    (
+        # A commit is one round trip (harness/storage/postgres.py, ``_append_in_one``):
+        # sent before its fences, sessions and claims are known, it assumes them, and a
+        # statement that finds one untrue calls this, which aborts the whole
+        # transaction (nothing written) with the SQLSTATE that says which; the writer
+        # then makes the commit again in two round trips, deciding each request.
+        """CREATE FUNCTION harness_refuse(code TEXT, message TEXT) RETURNS BIGINT
+            LANGUAGE plpgsql VOLATILE AS $$
+            BEGIN
+                RAISE EXCEPTION USING ERRCODE = code, MESSAGE = message;
+            END $$""",
+    ),
 )
 
 PG_SCHEMA_VERSION: Final = len(PG_MIGRATIONS)
