@@ -147,7 +147,7 @@ class _Assumed(Exception):
 class _Seq(int):
     """A seq of a commit in one round trip, as its offset in the commit (1 for the
     first event): rendered as SQL that adds it to the ``max(seq)`` read under the
-    append lock (``_NUMBER_FROM``)."""
+    append lock (``_BEGIN_IN_ONE``)."""
 
     __slots__ = ()
 
@@ -159,25 +159,12 @@ _REFUSALS = {
     "HX002": "a session does not exist",
     "HX003": "a prompt's claim takes the lease from another daemon",
 }
-# The statements of a commit in one round trip that check what it assumes. A fenced
-# request's lease: share-locked until the commit, as in two round trips (a claim cannot
-# slip in between), any not the writer's at the epoch it was written with refused.
-_FENCE_CHECK = (
-    "WITH held AS MATERIALIZED (SELECT session_id, owner, epoch FROM leases"
-    " WHERE session_id = ANY(?) FOR SHARE)"
-    " SELECT harness_refuse('HX001', 'fenced') FROM held"
-    " JOIN unnest(CAST(? AS TEXT[]), CAST(? AS BIGINT[])) AS f(session_id, epoch)"
-    " ON f.session_id = held.session_id WHERE held.owner <> ? OR held.epoch <> f.epoch"
-)
-# Under the append lock, as in two round trips: a deletion is an append too.
-_EXISTS_CHECK = (
-    "SELECT harness_refuse('HX002', 'missing') FROM unnest(CAST(? AS TEXT[])) AS r(id)"
-    " WHERE NOT EXISTS (SELECT 1 FROM sessions s WHERE s.id = r.id)"
-)
-# The seqs: numbered after max(seq), read once the lock is held, kept for the
-# transaction; each ``_Seq`` adds its offset to it.
-_NUMBER_FROM = (
-    "SELECT set_config('harness.base', CAST(coalesce(max(seq), 0) AS TEXT), true) FROM events"
+# A commit in one round trip's head (PG_MIGRATIONS[2]): the lock, its checks, and the
+# max(seq) its seqs are numbered from, which it answers with; each ``_Seq`` adds its
+# offset to it.
+_BEGIN_IN_ONE = (
+    "SELECT harness_append_begin(?, CAST(? AS TEXT[]), CAST(? AS BIGINT[]), ?,"
+    " CAST(? AS TEXT[]))"
 )
 _SEQ_SQL = b"(CAST(current_setting('harness.base') AS BIGINT)+%d)"
 _NOTIFY_IN_ONE = "SELECT pg_notify(?, CAST(? AS TEXT) || '-' || CAST(? AS TEXT) || ?)"
@@ -944,14 +931,11 @@ class PostgresLedger(LedgerPort):
         owner = self.owner
         writes = _Statements()
         writes.add("BEGIN", ())
-        writes.add("SELECT pg_advisory_xact_lock(?)", (self._append_key,))
         fenced = sorted({request.fence for request in batch if request.fence is not None})
-        if fenced:
-            sessions = [session_id for session_id, _ in fenced]
-            epochs = [epoch for _, epoch in fenced]
-            writes.add(_FENCE_CHECK, (sorted(set(sessions)), sessions, epochs, owner))
-        if required:
-            writes.add(_EXISTS_CHECK, (required,))
+        sessions = [session_id for session_id, _ in fenced]
+        epochs = [epoch for _, epoch in fenced]
+        writes.add(_BEGIN_IN_ONE, (self._append_key, sessions, epochs, owner, required))
+        base_at = len(writes._statements) - 1
         lease = self.lease_seconds
         claim_at: dict[str, int] = {}
         for session_id in claims:
@@ -959,8 +943,6 @@ class PostgresLedger(LedgerPort):
                                                    session_id, owner, owner, lease, owner,
                                                    owner))  # fmt: skip
             claim_at[session_id] = len(writes._statements) - 1
-        writes.add(_NUMBER_FROM, ())
-        base_at = len(writes._statements) - 1
         stored_blobs = self._stored_blobs
         sent: list[str] = []
         offset = 0
