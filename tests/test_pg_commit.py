@@ -206,3 +206,25 @@ async def test_the_tail_waits_for_a_commit_in_flight_before_telling_its_events_a
                 await trio.sleep(0.02)
         await trio.sleep(0.2)
         assert woken == ["ses_b"]
+
+
+async def test_a_prompt_taking_a_lapsed_lease_of_another_daemon_is_decided_in_two(
+    postgres_schema: str,
+) -> None:
+    """The change of hands adds ``session.leased`` to the commit, which one round trip
+    cannot number: refused there (nothing written, the lease untouched), made in two."""
+    async with daemon(postgres_schema) as a, daemon(postgres_schema) as b:
+        await a.write([_created("ses_a")])
+        assert await b.claim("ses_a") == 1
+        b._held.pop("ses_a")  # b stopped renewing, and its lease lapsed
+        with psycopg.connect(postgres_schema, autocommit=True) as conn:
+            conn.execute("UPDATE leases SET expires = 1")
+        two = a.commits_in_two
+        with round_trips(a) as trips:
+            events = await a.write([_inbox("ses_a", "msg_1")], exists="ses_a", claim=True)
+        assert trips == [3] and a.commits_in_two == two + 1
+        assert [(e.seq, e.type) for e in events] == [(2, "inbox.added"), (3, "session.leased")]
+        assert events[1].data == {"session_id": "ses_a", "owner": a.owner, "epoch": 2,
+                                  "from": b.owner}  # fmt: skip
+        assert a.holds("ses_a") and a.held_epoch("ses_a") == 2
+        assert [e.seq for e in b.events_after(0)] == [1, 2, 3]

@@ -337,6 +337,7 @@ _CLAIM_READS = (
     ("SELECT 0, seq, created_seq, data FROM messages WHERE session_id = ?"
      " UNION ALL SELECT 1, seq, seq, data FROM parts WHERE session_id = ? ORDER BY 1, 3", 2),
 )  # fmt: skip
+_TAKEN = "SELECT epoch, owner FROM ins UNION ALL SELECT epoch, owner FROM upd"
 # A claim in one statement: a session never leased is taken by its insert (one row
 # written; it was inserted free, then updated); a free or lapsed lease by the update,
 # a row locked (being claimed, or share-locked by an append) skipped: held. Both parts
@@ -349,8 +350,7 @@ _CLAIM_FREE_OR_LAPSED = (
     " expires = extract(epoch FROM clock_timestamp()) + ?"
     " FROM old WHERE l.session_id = old.session_id"
     " AND (old.owner = ? OR l.expires <= extract(epoch FROM clock_timestamp()))"
-    " RETURNING l.epoch, CAST(old.owner AS TEXT) AS owner)"
-    " SELECT epoch, owner FROM ins UNION ALL SELECT epoch, owner FROM upd"
+    " RETURNING l.epoch, CAST(old.owner AS TEXT) AS owner) " + _TAKEN
 )
 _CLAIM = (
     "WITH ins AS (INSERT INTO leases(session_id, owner, epoch, expires)"
@@ -368,7 +368,6 @@ _CLAIM_WITH_PROMPT = (
 # The same in a commit of one round trip, which cannot add the ``session.leased`` of a
 # change of hands (its seqs are numbered before it is sent): refused (``_REFUSALS``),
 # the commit is made in two. This daemon's id once more, as a last ``?`` value.
-_TAKEN = "SELECT epoch, owner FROM ins UNION ALL SELECT epoch, owner FROM upd"
 _CLAIM_WITH_PROMPT_IN_ONE = (
     _CLAIM_WITH_PROMPT.removesuffix(f" {_TAKEN}")
     + f", taken AS ({_TAKEN}) SELECT epoch, owner, CASE WHEN owner NOT IN ('', ?)"
