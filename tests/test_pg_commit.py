@@ -228,3 +228,37 @@ async def test_a_prompt_taking_a_lapsed_lease_of_another_daemon_is_decided_in_tw
                                   "from": b.owner}  # fmt: skip
         assert a.holds("ses_a") and a.held_epoch("ses_a") == 2
         assert [e.seq for e in b.events_after(0)] == [1, 2, 3]
+
+
+async def test_a_commit_whose_server_was_away_a_while_is_looked_up_not_sent_twice(
+    postgres_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection dies around the commit (it landed) and the server cannot be
+    reached at once to ask: the writer's next try looks the commit up first, and the
+    events are written once."""
+    async with daemon(postgres_schema) as a:
+        await a.write([_created("ses_a")])
+        real_sets, real_connect = postgres._result_sets, a._connect_raw
+        dropped: list[bool] = []
+        refused: list[bool] = []
+
+        def lost_answer(cursor: Any) -> Any:
+            if not dropped:
+                dropped.append(True)
+                cursor.connection.close()
+                raise psycopg.OperationalError("the connection was lost")
+            return real_sets(cursor)
+
+        def away_once() -> Any:
+            if not refused:
+                refused.append(True)
+                raise psycopg.OperationalError("the server is restarting")
+            return real_connect()
+
+        monkeypatch.setattr(postgres, "_result_sets", lost_answer)
+        monkeypatch.setattr(a, "_connect_raw", away_once)
+        events = await a.write([_titled("ses_a", "once")])
+        assert dropped and refused and [e.seq for e in events] == [2]
+        await a.write([_titled("ses_a", "next")])
+        assert [(e.seq, e.data.get("title")) for e in a.events_after(1)] == [
+            (2, "once"), (3, "next")]  # fmt: skip

@@ -623,6 +623,9 @@ class PostgresLedger(LedgerPort):
         self._committing: trio.Event | None = None
         self._known_seq = 0  # a seq known committed: below any commit sent from now on
         self._stored_blobs: set[str] = set()  # digests known stored (``_stored``)
+        # A batch whose connection was lost around its commit and whose landing is not
+        # known yet (the server was away): looked up before it is sent again.
+        self._unresolved: tuple[list[WriteEvents], _Attempt] | None = None
         self.commits_in_one = 0  # commits made in one round trip, and in two (counted)
         self.commits_in_two = 0
         # The hot reads of the event loop (a step's, a turn's): a few connections driven
@@ -833,15 +836,37 @@ class PostgresLedger(LedgerPort):
         conn = self._write
         if conn.closed or conn.broken:
             conn = self._write = self._connect_raw()
-        attempt = _Attempt()
-        try:
-            return self._append(conn, batch, attempt)
-        except psycopg.OperationalError:
-            if attempt.first is None or not (conn.closed or conn.broken):
-                raise  # nothing was sent, or the server refused: safe to send again
-        # The connection died around the commit: find out whether it landed before
-        # anything is sent again, so an event is never written twice.
-        conn = self._write = self._connect_raw()
+        unresolved, self._unresolved = self._unresolved, None
+        pending = unresolved[1] if unresolved is not None and unresolved[0] is batch else None
+        while True:
+            if pending is not None:
+                try:
+                    landed = self._landed(conn, pending)
+                except psycopg.OperationalError:
+                    self._unresolved = (batch, pending)
+                    raise
+                if landed is not None:
+                    return landed
+            attempt = _Attempt()
+            try:
+                return self._append(conn, batch, attempt)
+            except psycopg.OperationalError:
+                if attempt.first is None or not (conn.closed or conn.broken):
+                    raise  # nothing was sent, or the server refused: safe to send again
+            # The connection died around the commit: whether it landed is found out
+            # before anything is sent again, here or at the writer's next try (the
+            # server may be away a while), so an event is never written twice.
+            self._unresolved = (batch, attempt)
+            conn = self._write = self._connect_raw()
+            self._unresolved = None
+            pending = attempt
+
+    def _landed(
+        self, conn: psycopg.Connection[tuple[Any, ...]], attempt: _Attempt
+    ) -> list[list[Event] | LedgerRefused] | None:
+        """An append's results if it was committed (its connection was lost around the
+        commit), else None."""
+        assert attempt.first is not None
         seq, ts, session_id, kind = attempt.first
         if attempt.landed is not None:
             # Sent in one round trip, its seqs not yet known: its first event is the
@@ -851,15 +876,13 @@ class PostgresLedger(LedgerPort):
                 " AND type = %s ORDER BY seq LIMIT 1",
                 (attempt.after, ts, session_id, kind),
             ).fetchone()
-            if found is not None:
-                return attempt.landed(conn, int(found[0]) - 1)
-            return self._append(conn, batch, _Attempt())
+            return None if found is None else attempt.landed(conn, int(found[0]) - 1)
         row = conn.execute(
             "SELECT ts, session_id, type FROM events WHERE seq = %s", (seq,)
         ).fetchone()
         if row is not None and (float(row[0]), row[1], row[2]) == (ts, session_id, kind):
             return attempt.result
-        return self._append(conn, batch, _Attempt())
+        return None
 
     def _connect_raw(self) -> psycopg.Connection[tuple[Any, ...]]:
         """A new connection for a worker thread; psycopg's error if the server is away."""
