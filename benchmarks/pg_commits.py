@@ -45,7 +45,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def child(url: str, writers: int, commits: int) -> None:
+def child(url: str, writers: int, commits: int, shared: str | None) -> None:
     """In this process: the run; its figures printed as one JSON line."""
     import psycopg
     import trio
@@ -55,9 +55,10 @@ def child(url: str, writers: int, commits: int) -> None:
     from harness.messages.model import Session
     from harness.storage.postgres import PostgresLedger
 
-    schema = f"bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
+    schema = shared or f"bench_{uuid.uuid4().hex[:10]}"
+    if shared is None:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"CREATE SCHEMA {schema}")
     separator = "&" if "?" in url else "?"
     dsn = f"{url}{separator}options=-csearch_path%3D{schema}"
 
@@ -74,7 +75,7 @@ def child(url: str, writers: int, commits: int) -> None:
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(ledger.run_writer, None)
-                ids = [f"ses_{index}" for index in range(writers)]
+                ids = [f"ses_{os.getpid()}_{index}" for index in range(writers)]
                 await ledger.write([titled(session_id, "") for session_id in ids])
                 epochs = {session_id: await ledger.claim(session_id) for session_id in ids}
                 latencies: list[float] = []
@@ -128,9 +129,45 @@ def child(url: str, writers: int, commits: int) -> None:
         with tempfile.TemporaryFile("w+") as trace:
             trio.run(run)
     finally:
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+        if shared is None:
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(f"DROP SCHEMA {schema} CASCADE")
     print(json.dumps(figures), flush=True)
+
+
+def run_round(python: str, args: argparse.Namespace) -> dict[str, float]:
+    """One round of one tree: its children, at once on one schema if several (the
+    schema made first, so that they migrate it once); their figures' mean."""
+    import psycopg
+
+    schema = f"bench_{uuid.uuid4().hex[:10]}" if args.processes > 1 else None
+    if schema is not None:
+        with psycopg.connect(args.url, autocommit=True) as conn:
+            conn.execute(f"CREATE SCHEMA {schema}")
+    command = [python, str(Path(__file__).resolve()), "--child", "--url", args.url,
+               "--writers", str(args.writers), "--commits", str(args.commits)]  # fmt: skip
+    if schema is not None:
+        command += ["--schema", schema]
+    env = dict(os.environ, HARNESS_LOG_LEVEL="warning")
+    env.pop("PYTHONPATH", None)
+    try:
+        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+        children = [
+            subprocess.Popen(command, env=env, text=True, **pipes)  # type: ignore[call-overload]
+            for _ in range(args.processes)
+        ]
+        results = []
+        for process in children:
+            out, err = process.communicate()
+            printed = [line for line in out.splitlines() if line.startswith("{")]
+            if not printed:
+                sys.exit(f"{python}: {err[-2000:]}")
+            results.append(json.loads(printed[-1]))
+    finally:
+        if schema is not None:
+            with psycopg.connect(args.url, autocommit=True) as conn:
+                conn.execute(f"DROP SCHEMA {schema} CASCADE")
+    return {key: round(sum(r[key] for r in results) / len(results), 4) for key in results[0]}
 
 
 def main() -> None:
@@ -139,13 +176,18 @@ def main() -> None:
     parser.add_argument("--writers", type=int, default=1, help="tasks writing at once")
     parser.add_argument("--commits", type=int, default=500, help="awaited writes per task")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--processes", type=int, default=1,
+        help="daemons writing at once on one schema (their append lock shared): the mean",
+    )
+    parser.add_argument("--schema", help=argparse.SUPPRESS)
     parser.add_argument("--base", help="the Python of another checkout, run interleaved")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not args.url:
         sys.exit("give --url or HARNESS_TEST_POSTGRES")
     if args.child:
-        child(args.url, args.writers, args.commits)
+        child(args.url, args.writers, args.commits, args.schema)
         return
     trees = {"this": sys.executable}
     if args.base:
@@ -153,15 +195,7 @@ def main() -> None:
     best: dict[str, dict[str, float]] = {}
     for _ in range(args.rounds):
         for name, python in trees.items():
-            command = [python, str(Path(__file__).resolve()), "--child", "--url", args.url,
-                       "--writers", str(args.writers), "--commits", str(args.commits)]  # fmt: skip
-            env = dict(os.environ, HARNESS_LOG_LEVEL="warning")
-            env.pop("PYTHONPATH", None)
-            out = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
-            printed = [line for line in out.stdout.splitlines() if line.startswith("{")]
-            if not printed:
-                sys.exit(f"{name}: {out.stderr[-2000:]}")
-            figures = json.loads(printed[-1])
+            figures = run_round(python, args)
             print(json.dumps({"tree": name, "load": os.getloadavg()[0], **figures}), flush=True)
             kept = best.setdefault(name, dict(figures))
             for key, value in figures.items():
