@@ -129,6 +129,49 @@ PG_MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             PRIMARY KEY (channel, session_id)
         )""",
     ),
+    (
+        # A commit is one round trip (harness/storage/postgres.py, ``_append_in_one``):
+        # sent before anything is read, it assumes its fences hold, its sessions exist
+        # and its prompts' claims take no lease from another daemon. A statement that
+        # finds one untrue raises with the SQLSTATE that says which (``_REFUSALS``): the
+        # transaction aborts, nothing is written, and the writer makes the commit again
+        # in two round trips, deciding each request.
+        """CREATE FUNCTION harness_refuse(code TEXT, message TEXT) RETURNS BIGINT
+            LANGUAGE plpgsql VOLATILE AS $$
+            BEGIN
+                RAISE EXCEPTION USING ERRCODE = code, MESSAGE = message;
+            END $$""",
+        # The commit's head: the append lock; the fenced sessions' leases share-locked
+        # until the commit (a claim cannot slip in between) and each checked against
+        # the epoch it was written with; the sessions it needs; then max(seq), kept for
+        # the transaction in ``harness.base``, from which its seqs are numbered. In a
+        # function, its statements are planned once per connection, not at each commit.
+        """CREATE FUNCTION harness_append_begin(
+                lock_key BIGINT, fenced TEXT[], epochs BIGINT[], writer TEXT, needed TEXT[]
+            ) RETURNS BIGINT LANGUAGE plpgsql VOLATILE AS $$
+            DECLARE
+                base BIGINT;
+            BEGIN
+                PERFORM pg_advisory_xact_lock(lock_key);
+                IF cardinality(fenced) > 0 THEN
+                    PERFORM 1 FROM leases WHERE session_id = ANY(fenced) FOR SHARE;
+                    IF EXISTS (SELECT 1 FROM leases l
+                               JOIN unnest(fenced, epochs) AS f(session_id, epoch)
+                               ON f.session_id = l.session_id
+                               WHERE l.owner <> writer OR l.epoch <> f.epoch) THEN
+                        RAISE EXCEPTION USING ERRCODE = 'HX001', MESSAGE = 'fenced';
+                    END IF;
+                END IF;
+                IF cardinality(needed) > 0 AND EXISTS (
+                        SELECT 1 FROM unnest(needed) AS r(id)
+                        WHERE NOT EXISTS (SELECT 1 FROM sessions s WHERE s.id = r.id)) THEN
+                    RAISE EXCEPTION USING ERRCODE = 'HX002', MESSAGE = 'missing';
+                END IF;
+                SELECT coalesce(max(seq), 0) INTO base FROM events;
+                PERFORM set_config('harness.base', CAST(base AS TEXT), true);
+                RETURN base;
+            END $$""",
+    ),
 )
 
 PG_SCHEMA_VERSION: Final = len(PG_MIGRATIONS)

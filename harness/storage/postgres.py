@@ -114,15 +114,65 @@ _FILTERED_READ = (
 )
 
 
+# A commit of one round trip found committed after a lost connection: its results,
+# given the connection and the seq before its first.
+_Landed = Callable[["psycopg.Connection[tuple[Any, ...]]", int], list[list[Event] | LedgerRefused]]
+
+
 class _Attempt:
     """One append's progress: its first event (to tell, after a lost connection, whether
-    the commit landed) and its results, complete before the commit."""
+    the commit landed) and its results, complete before the commit.
 
-    __slots__ = ("first", "result")
+    A commit in one round trip (``_append_in_one``) sends its events before their seqs
+    are known: ``first`` has seq 0, ``after`` is a seq below the commit's first, and
+    ``landed`` gives the results once the first seq is found."""
+
+    __slots__ = ("after", "first", "landed", "result")
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
         self.first: tuple[int, float, str, str] | None = None
         self.result: list[list[Event] | LedgerRefused] = []
+        self.after = 0
+        self.landed: _Landed | None = None
+
+
+class _Assumed(Exception):
+    """A commit in one round trip found untrue what it assumed (``_REFUSALS``): it
+    wrote nothing, and is made again in two."""
+
+
+class _Seq(int):
+    """A seq of a commit in one round trip, as its offset in the commit (1 for the
+    first event): rendered as SQL that adds it to the ``max(seq)`` read under the
+    append lock (``_BEGIN_IN_ONE``)."""
+
+    __slots__ = ()
+
+
+# What a commit in one round trip assumed and found untrue, by the SQLSTATE its
+# statement raised (``harness_refuse``, PG_MIGRATIONS[2]).
+_REFUSALS = {
+    "HX001": "a lease is no longer the writer's",
+    "HX002": "a session does not exist",
+    "HX003": "a prompt's claim takes the lease from another daemon",
+}
+# A commit in one round trip's head (PG_MIGRATIONS[2]): the lock, its checks, and the
+# max(seq) its seqs are numbered from, which it answers with; each ``_Seq`` adds its
+# offset to it.
+_BEGIN_IN_ONE = (
+    "SELECT harness_append_begin(?, CAST(? AS TEXT[]), CAST(? AS BIGINT[]), ?,"
+    " CAST(? AS TEXT[]))"
+)
+_SEQ_SQL = b"(CAST(current_setting('harness.base') AS BIGINT)+%d)"
+_NOTIFY_IN_ONE = "SELECT pg_notify(?, CAST(? AS TEXT) || '-' || CAST(? AS TEXT) || ?)"
+_RELEASE_IN_BATCH = (
+    "UPDATE leases SET expires = 0 WHERE session_id = ? AND epoch = ? AND owner = ?"
+)
+_BLOB_INSERT = "INSERT INTO blobs(hash, size, data) VALUES (?, ?, ?) ON CONFLICT DO NOTHING"
+_KNOWN_BLOBS = 4096  # digests this daemon knows are stored, kept at most (never deleted)
 
 
 def is_postgres_url(ledger: str | None) -> bool:
@@ -246,6 +296,29 @@ def _multi_row(sql: str, rows: int) -> str:
     return converted
 
 
+def _sessions_to_find(batch: list[WriteEvents]) -> list[str] | None:
+    """The sessions a commit in one round trip checks exist: those the batch's requests
+    need (``WriteEvents.exists``) and do not create before; None if one needs a session
+    the batch deleted before it (refused: two round trips decide each request)."""
+    made: set[str] = set()
+    gone: set[str] = set()
+    needed: set[str] = set()
+    for request in batch:
+        if request.exists is not None:
+            if request.exists in gone:
+                return None
+            if request.exists not in made:
+                needed.add(request.exists)
+        for new in request.events:
+            if new.type == "session.created":
+                made.add(new.session_id)
+                gone.discard(new.session_id)
+            elif new.type == "session.deleted":
+                gone.add(new.session_id)
+                made.discard(new.session_id)
+    return sorted(needed)
+
+
 def _result_sets(cursor: psycopg.Cursor[tuple[Any, ...]]) -> list[list[tuple[Any, ...]]]:
     """Every statement's rows of a multi-statement query, in order ([] for a command)."""
     sets: list[list[tuple[Any, ...]]] = []
@@ -264,6 +337,7 @@ _CLAIM_READS = (
     ("SELECT 0, seq, created_seq, data FROM messages WHERE session_id = ?"
      " UNION ALL SELECT 1, seq, seq, data FROM parts WHERE session_id = ? ORDER BY 1, 3", 2),
 )  # fmt: skip
+_TAKEN = "SELECT epoch, owner FROM ins UNION ALL SELECT epoch, owner FROM upd"
 # A claim in one statement: a session never leased is taken by its insert (one row
 # written; it was inserted free, then updated); a free or lapsed lease by the update,
 # a row locked (being claimed, or share-locked by an append) skipped: held. Both parts
@@ -276,8 +350,7 @@ _CLAIM_FREE_OR_LAPSED = (
     " expires = extract(epoch FROM clock_timestamp()) + ?"
     " FROM old WHERE l.session_id = old.session_id"
     " AND (old.owner = ? OR l.expires <= extract(epoch FROM clock_timestamp()))"
-    " RETURNING l.epoch, CAST(old.owner AS TEXT) AS owner)"
-    " SELECT epoch, owner FROM ins UNION ALL SELECT epoch, owner FROM upd"
+    " RETURNING l.epoch, CAST(old.owner AS TEXT) AS owner) " + _TAKEN
 )
 _CLAIM = (
     "WITH ins AS (INSERT INTO leases(session_id, owner, epoch, expires)"
@@ -291,6 +364,14 @@ _CLAIM_WITH_PROMPT = (
     " SELECT ?, ?, 1, extract(epoch FROM clock_timestamp()) + ?"
     " WHERE EXISTS (SELECT 1 FROM sessions WHERE id = ?) ON CONFLICT DO NOTHING"
     " RETURNING epoch, CAST('' AS TEXT) AS owner)," + _CLAIM_FREE_OR_LAPSED
+)
+# The same in a commit of one round trip, which cannot add the ``session.leased`` of a
+# change of hands (its seqs are numbered before it is sent): refused (``_REFUSALS``),
+# the commit is made in two. This daemon's id once more, as a last ``?`` value.
+_CLAIM_WITH_PROMPT_IN_ONE = (
+    _CLAIM_WITH_PROMPT.removesuffix(f" {_TAKEN}")
+    + f", taken AS ({_TAKEN}) SELECT epoch, owner, CASE WHEN owner NOT IN ('', ?)"
+    " THEN harness_refuse('HX003', 'changes hands') END FROM taken"
 )
 # A claim's epoch, the previous owner if another, and with reads their rows.
 _ClaimOutcome = tuple[
@@ -454,7 +535,7 @@ class _Statements:
                 raise LedgerError(f"{len(args)} values for {b'?'.join(pieces).decode()}")
             out.append(pieces[0])
             for value, piece in zip(args, pieces[1:], strict=True):
-                out.append(literal(value))
+                out.append(_SEQ_SQL % value if type(value) is _Seq else literal(value))
                 out.append(piece)
             out.append(b"; ")
         return b"".join(out)
@@ -495,7 +576,7 @@ class PostgresLedger(LedgerPort):
         self._seen_waiting: set[tuple[str, int]] = set()
         # Leases the writer's last transaction took with prompts: session -> (epoch, the
         # previous owner, the claim's reads), for ``_after_commit``.
-        self._claimed_now: dict[str, tuple[int, str | None, tuple[Any, ...]]] = {}
+        self._claimed_now: dict[str, tuple[int, str | None, tuple[Any, ...] | None]] = {}
         # What those claims read, for the session's actor (``take_claim_reads``), with
         # the epoch and the count of the session's fenced writes settled by then.
         self._prompt_claims: dict[str, tuple[int, ClaimReads, int]] = {}
@@ -536,6 +617,17 @@ class PostgresLedger(LedgerPort):
         # that the tail has not published yet: read back from the log, they are this
         # daemon's own, not input from another daemon to hand over (``_catch_up``).
         self._own_seqs: set[int] = set()
+        # Set while a commit of the writer is in flight: one of one round trip learns
+        # its seqs only from its answer, so the tail, whose read may have seen them
+        # already, waits for it before it tells its own events from the others'.
+        self._committing: trio.Event | None = None
+        self._known_seq = 0  # a seq known committed: below any commit sent from now on
+        self._stored_blobs: set[str] = set()  # digests known stored (``_stored``)
+        # A batch whose connection was lost around its commit and whose landing is not
+        # known yet (the server was away): looked up before it is sent again.
+        self._unresolved: tuple[list[WriteEvents], _Attempt] | None = None
+        self.commits_in_one = 0  # commits made in one round trip, and in two (counted)
+        self.commits_in_two = 0
         # The hot reads of the event loop (a step's, a turn's): a few connections driven
         # non-blocking from the loop, one query at a time each, made as needed. The idle
         # ones, and how many reads may be in flight.
@@ -719,6 +811,7 @@ class PostgresLedger(LedgerPort):
 
         delay, waited = 0.1, 0.0
         while True:
+            committing = self._committing = trio.Event()
             try:
                 return await on_worker_thread(lambda: self._commit(batch))
             except psycopg.OperationalError as error:
@@ -733,6 +826,9 @@ class PostgresLedger(LedgerPort):
                 await trio.sleep(delay)
                 waited += delay
                 delay = min(delay * 2, 5.0)
+            finally:
+                self._committing = None
+                committing.set()
 
     def _commit(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerRefused]:
         import psycopg
@@ -740,22 +836,53 @@ class PostgresLedger(LedgerPort):
         conn = self._write
         if conn.closed or conn.broken:
             conn = self._write = self._connect_raw()
-        attempt = _Attempt()
-        try:
-            return self._append(conn, batch, attempt)
-        except psycopg.OperationalError:
-            if attempt.first is None or not (conn.closed or conn.broken):
-                raise  # nothing was sent, or the server refused: safe to send again
-        # The connection died around the commit: find out whether it landed before
-        # anything is sent again, so an event is never written twice.
-        conn = self._write = self._connect_raw()
+        unresolved, self._unresolved = self._unresolved, None
+        pending = unresolved[1] if unresolved is not None and unresolved[0] is batch else None
+        while True:
+            if pending is not None:
+                try:
+                    landed = self._landed(conn, pending)
+                except psycopg.OperationalError:
+                    self._unresolved = (batch, pending)
+                    raise
+                if landed is not None:
+                    return landed
+            attempt = _Attempt()
+            try:
+                return self._append(conn, batch, attempt)
+            except psycopg.OperationalError:
+                if attempt.first is None or not (conn.closed or conn.broken):
+                    raise  # nothing was sent, or the server refused: safe to send again
+            # The connection died around the commit: whether it landed is found out
+            # before anything is sent again, here or at the writer's next try (the
+            # server may be away a while), so an event is never written twice.
+            self._unresolved = (batch, attempt)
+            conn = self._write = self._connect_raw()
+            self._unresolved = None
+            pending = attempt
+
+    def _landed(
+        self, conn: psycopg.Connection[tuple[Any, ...]], attempt: _Attempt
+    ) -> list[list[Event] | LedgerRefused] | None:
+        """An append's results if it was committed (its connection was lost around the
+        commit), else None."""
+        assert attempt.first is not None
         seq, ts, session_id, kind = attempt.first
+        if attempt.landed is not None:
+            # Sent in one round trip, its seqs not yet known: its first event is the
+            # first after ``attempt.after`` that matches.
+            found = conn.execute(
+                "SELECT seq FROM events WHERE seq > %s AND ts = %s AND session_id = %s"
+                " AND type = %s ORDER BY seq LIMIT 1",
+                (attempt.after, ts, session_id, kind),
+            ).fetchone()
+            return None if found is None else attempt.landed(conn, int(found[0]) - 1)
         row = conn.execute(
             "SELECT ts, session_id, type FROM events WHERE seq = %s", (seq,)
         ).fetchone()
         if row is not None and (float(row[0]), row[1], row[2]) == (ts, session_id, kind):
             return attempt.result
-        return self._append(conn, batch, _Attempt())
+        return None
 
     def _connect_raw(self) -> psycopg.Connection[tuple[Any, ...]]:
         """A new connection for a worker thread; psycopg's error if the server is away."""
@@ -771,7 +898,190 @@ class PostgresLedger(LedgerPort):
         batch: list[WriteEvents],
         attempt: _Attempt,
     ) -> list[list[Event] | LedgerRefused]:
-        """Append a batch in two calls and two round trips, whatever its size.
+        """Append a batch in one round trip, or, if what that assumes does not hold (a
+        fence, a session, a claim's change of hands: rare), in two."""
+        # Prompts whose lease this transaction takes, if free: not one this daemon holds
+        # (nor gives back in this batch: ``_held`` is left before the release is posted).
+        releasing = {r.fence[0] for r in batch if r.release and r.fence is not None}
+        held = self._held  # changed by the event loop meanwhile: looked up, not iterated
+        claims = sorted(
+            {
+                r.exists
+                for r in batch
+                if r.claim and r.exists is not None
+                and r.exists not in releasing and r.exists not in held
+            }
+        )  # fmt: skip
+        required = _sessions_to_find(batch)
+        if required is not None:
+            try:
+                result = self._append_in_one(conn, batch, attempt, claims, required)
+            except _Assumed as why:
+                log.debug("commit made in two round trips", reason=str(why))
+                attempt.reset()
+            else:
+                self.commits_in_one += 1
+                return result
+        self.commits_in_two += 1
+        return self._append_in_two(conn, batch, attempt, claims, rollback=required is not None)
+
+    def _append_in_one(
+        self,
+        conn: psycopg.Connection[tuple[Any, ...]],
+        batch: list[WriteEvents],
+        attempt: _Attempt,
+        claims: list[str],
+        required: list[str],
+    ) -> list[list[Event] | LedgerRefused]:
+        """Append a batch in one call and one round trip, whatever its size: BEGIN, the
+        append lock, the checks, ``max(seq)``, every insert, the projections, the
+        NOTIFY, the COMMIT and the prompts' claims' reads, as one simple query.
+
+        Sent before anything is read, it assumes every fence holds, every session it
+        needs exists and no prompt's claim takes a lease from another daemon. Each is
+        checked under the lock by a statement that, finding one untrue, aborts the
+        transaction with its own SQLSTATE (``_REFUSALS``): nothing is written, and
+        ``_Assumed`` tells ``_append`` to decide request by request in two round trips.
+        The seqs are numbered in SQL from ``max(seq)`` (``_Seq``); the results, once
+        its answer gives that number. Under load, each round trip of the writer waited
+        for a PostgreSQL backend and the worker thread to be scheduled again, on every
+        step's critical path (issue 18).
+        """
+        import psycopg
+
+        now = time.time()
+        owner = self.owner
+        writes = _Statements()
+        writes.add("BEGIN", ())
+        fenced = sorted({request.fence for request in batch if request.fence is not None})
+        sessions = [session_id for session_id, _ in fenced]
+        epochs = [epoch for _, epoch in fenced]
+        writes.add(_BEGIN_IN_ONE, (self._append_key, sessions, epochs, owner, required))
+        base_at = len(writes._statements) - 1
+        lease = self.lease_seconds
+        claim_at: dict[str, int] = {}
+        for session_id in claims:
+            writes.add(_CLAIM_WITH_PROMPT_IN_ONE, (session_id, owner, lease, session_id,
+                                                   session_id, owner, owner, lease, owner,
+                                                   owner))  # fmt: skip
+            claim_at[session_id] = len(writes._statements) - 1
+        stored_blobs = self._stored_blobs
+        sent: list[str] = []
+        offset = 0
+        rows: list[tuple[Any, ...]] = []
+        made: list[list[tuple[int, Any, str, dict[str, Any]]]] = []
+        for request in batch:
+            if request.release and request.fence is not None:
+                writes.add(_RELEASE_IN_BATCH, (*request.fence, owner))
+            for digest, data in request.blobs:
+                if digest not in stored_blobs and digest not in sent:
+                    sent.append(digest)
+                    writes.add(_BLOB_INSERT, (digest, len(data), zlib.compress(data, 1)))
+            events: list[tuple[int, Any, str, dict[str, Any]]] = []
+            for new in request.events:
+                stored, text = stored_text(new.data)
+                offset += 1
+                seq = _Seq(offset)
+                rows.append((seq, now, new.session_id, new.type, text))
+                project = PROJECTIONS.get(new.type)
+                if project is not None:
+                    project(writes.execute, seq, stored, text)
+                events.append((offset, new.type, new.session_id, stored))
+            made.append(events)
+        if rows:
+            writes.add_rows(_EVENT_INSERT, rows)
+            # Delivered by the server at commit, as in two round trips (``_append_in_two``).
+            handed = any(row[3] in _HANDED_OVER_TYPES for row in rows)
+            notice = (self.channel, _Seq(1), _Seq(offset), "!" if handed else "")
+            writes.add(_NOTIFY_IN_ONE, notice)
+        writes.add("COMMIT", ())
+        reads_at: dict[str, list[int]] = {}
+        for session_id in claims:
+            # After the commit, not under the append lock, as in two round trips; read
+            # for every claim sent, kept for those that took their lease.
+            positions = reads_at[session_id] = []
+            for sql, count in _CLAIM_READS:
+                writes.add(sql, (session_id,) * count)
+                positions.append(len(writes._statements) - 1)
+
+        def landed(
+            conn: psycopg.Connection[tuple[Any, ...]], base: int
+        ) -> list[list[Event] | LedgerRefused]:
+            """The results of this commit, found committed after a lost connection: which
+            prompts' claims took their lease is read again (their reads are not)."""
+            self._numbered(made, now, base, offset, attempt)
+            if claims:
+                taken = conn.execute(
+                    "SELECT session_id, epoch FROM leases WHERE session_id = ANY(%s)"
+                    " AND owner = %s AND expires > extract(epoch FROM clock_timestamp())",
+                    (claims, owner),
+                ).fetchall()
+                self._claimed_now = {row[0]: (int(row[1]), None, None) for row in taken}
+            return attempt.result
+
+        attempt.after = self._known_seq
+        if rows:
+            attempt.first = (0, now, rows[0][2], rows[0][3])
+        attempt.landed = landed
+        cursor = conn.cursor()
+        try:
+            cursor.execute(writes.query(conn), prepare=False)
+            sets = _result_sets(cursor)
+        except psycopg.Error as error:
+            if error.sqlstate in _REFUSALS and not (conn.closed or conn.broken):
+                # The transaction is aborted: ``_append_in_two`` rolls it back first.
+                raise _Assumed(_REFUSALS[str(error.sqlstate)]) from None
+            if not (conn.closed or conn.broken):
+                with contextlib.suppress(psycopg.Error):
+                    conn.execute("ROLLBACK")  # a statement failed: the rest was skipped
+            raise
+        finally:
+            cursor.close()
+        self._numbered(made, now, int(sets[base_at][0][0]), offset, attempt)
+        self._stored(sent)
+        claimed_now: dict[str, tuple[int, str | None, tuple[Any, ...] | None]] = {}
+        for session_id, position in claim_at.items():
+            if sets[position]:  # taken: free, lapsed or this daemon's (else refused)
+                reads = tuple(sets[i] for i in reads_at[session_id])
+                claimed_now[session_id] = (int(sets[position][0][0]), None, reads)
+        self._claimed_now = claimed_now
+        return attempt.result
+
+    def _numbered(
+        self,
+        made: list[list[tuple[int, Any, str, dict[str, Any]]]],
+        now: float,
+        base: int,
+        count: int,
+        attempt: _Attempt,
+    ) -> None:
+        """A commit of one round trip's results, its seqs after ``base``: this daemon's
+        own for the tail from now on (the tail waits for them: ``_committing``)."""
+        attempt.result[:] = [
+            [Event(base + offset, now, kind, session_id, data)
+             for offset, kind, session_id, data in events]
+            for events in made
+        ]  # fmt: skip
+        if count:
+            self._own_seqs.update(range(base + 1, base + count + 1))
+        self._known_seq = max(self._known_seq, base + count)
+
+    def _stored(self, digests: Sequence[str]) -> None:
+        """Blobs known stored: a later commit does not send them again."""
+        if len(self._stored_blobs) + len(digests) > _KNOWN_BLOBS:
+            self._stored_blobs.clear()
+        self._stored_blobs.update(digests)
+
+    def _append_in_two(
+        self,
+        conn: psycopg.Connection[tuple[Any, ...]],
+        batch: list[WriteEvents],
+        attempt: _Attempt,
+        claims: list[str],
+        rollback: bool,
+    ) -> list[list[Event] | LedgerRefused]:
+        """Append a batch in two calls and two round trips, whatever its size, deciding
+        each request on what the first reads (``rollback``: after an aborted one).
 
         The first sends BEGIN, the advisory lock, the fence check, the blobs already
         stored and ``max(seq)``, each a statement of its own (so ``max`` is read once
@@ -787,22 +1097,12 @@ class PostgresLedger(LedgerPort):
         fences = sorted({request.fence[0] for request in batch if request.fence is not None})
         digests = [digest for request in batch for digest, _ in request.blobs]
         required = sorted({request.exists for request in batch if request.exists is not None})
-        # Prompts whose lease this transaction takes, if free: not one this daemon holds
-        # (nor gives back in this batch: ``_held`` is left before the release is posted).
-        releasing = {r.fence[0] for r in batch if r.release and r.fence is not None}
-        held = self._held  # changed by the event loop meanwhile: looked up, not iterated
-        claims = sorted(
-            {
-                r.exists
-                for r in batch
-                if r.claim and r.exists is not None
-                and r.exists not in releasing and r.exists not in held
-            }
-        )  # fmt: skip
         cursor = conn.cursor()
         owned = range(0)  # the seqs this append numbers, once it sends its commit
         try:
             head = _Statements()
+            if rollback:
+                head.add("ROLLBACK", ())
             head.add("BEGIN", ())
             head.add("SELECT pg_advisory_xact_lock(?)", (self._append_key,))
             if fences:
@@ -827,7 +1127,7 @@ class PostgresLedger(LedgerPort):
             # Without values, psycopg sends a simple query: several statements, never
             # prepared (its text holds the values).
             cursor.execute(head.query(conn), prepare=False)
-            results = _result_sets(cursor)[2:]  # after BEGIN and the lock
+            results = _result_sets(cursor)[2 + rollback :]  # after BEGIN and the lock
             seq = int(results.pop()[0][0])
             current = {row[0]: (row[1], int(row[2])) for row in results.pop(0)} if fences else {}
             present = {row[0] for row in results.pop(0)} if required else set()
@@ -839,6 +1139,7 @@ class PostgresLedger(LedgerPort):
                     taken[session_id] = (int(claimed[0][0]), str(claimed[0][1]))
             claimed_now: dict[str, tuple[int, str | None, list[int]]] = {}
             known = {row[0] for row in results.pop(0)} if digests else set()
+            self._stored(list(known))
             rows: list[tuple[Any, ...]] = []
             writes = _Statements()
             for request in batch:
@@ -927,6 +1228,8 @@ class PostgresLedger(LedgerPort):
                 owned = range(rows[0][0], rows[-1][0] + 1)
                 self._own_seqs.update(owned)
             cursor.execute(writes.query(conn), prepare=False)
+            self._stored(digests)
+            self._known_seq = max(self._known_seq, seq)
             if claimed_now:
                 sets = _result_sets(cursor)
                 self._claimed_now = {
@@ -1064,6 +1367,10 @@ class PostgresLedger(LedgerPort):
                 continue
             if last <= cursor:
                 return cursor
+            committing = self._committing
+            if committing is not None:
+                await committing.wait()  # its seqs may be among these: known once done
+            self._known_seq = max(self._known_seq, last)
             own = self._own_seqs
             theirs = [event for event in events if event.seq not in own]
             own.difference_update(range(cursor + 1, last + 1))
@@ -1394,8 +1701,9 @@ class PostgresLedger(LedgerPort):
             if previous is not None:
                 log.info("session taken over", session_id=session_id, epoch=epoch,
                          previous=previous)  # fmt: skip
-            if not self._unsettled.get(session_id):
-                # Else a write of the session may land after the reads: none kept.
+            if read is not None and not self._unsettled.get(session_id):
+                # Else a write of the session may land after the reads: none kept (nor
+                # when a lost connection lost them).
                 turns, inbox, session, history = read
                 reads = ClaimReads(
                     self.inbox_mark(session_id),  # the inbox was read after this batch's

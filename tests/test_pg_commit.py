@@ -1,0 +1,264 @@
+"""A commit on the PostgreSQL ledger in one round trip (issue 18, seventh pass): counted
+on the wire (libpq's trace of the writer's connection), and what it must still keep:
+gapless seqs, fences that write nothing, sessions that must exist, a prompt's claim,
+blobs stored once, a lost connection around the commit, and the tail's own events.
+Skipped (saying why) without a test database; run under CI."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import pytest
+import trio
+from test_ledger_postgres import _created, _titled, daemon
+
+from harness.messages.events import NewEvent
+from harness.messages.mailbox import WriteEvents
+from harness.storage import postgres
+from harness.storage.port import ClusterHooks, LedgerFenced, LedgerMissing
+from harness.storage.postgres import PostgresLedger
+
+
+@contextmanager
+def round_trips(ledger: PostgresLedger) -> Iterator[list[int]]:
+    """The round trips the writer's connection makes meanwhile: each query (or a
+    statement's parse-bind-execute) ends with the server's ReadyForQuery."""
+    from psycopg.pq import Trace
+
+    counted: list[int] = []
+    pgconn = ledger._write.pgconn
+    with tempfile.TemporaryFile("w+") as trace:
+        pgconn.trace(trace.fileno())
+        pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            yield counted
+        finally:
+            pgconn.untrace()
+            trace.seek(0)
+            counted.append(
+                sum(1 for line in trace if line.startswith("B") and "ReadyForQuery" in line)
+            )
+
+
+def _inbox(session_id: str, item_id: str) -> NewEvent:
+    item = {"id": item_id, "session_id": session_id, "text": "hi", "delivery": "queue",
+            "created": 1.0}  # fmt: skip
+    return NewEvent("inbox.added", session_id, item)
+
+
+async def test_a_commit_is_one_round_trip_whatever_its_batch_holds(postgres_schema: str) -> None:
+    """A batch with a new session, fenced writes, a blob, a prompt that takes its
+    session's lease and a release: one round trip, seqs gapless after the other
+    daemon's, the NOTIFY's ``first-last!`` right, the projections written."""
+    async with daemon(postgres_schema) as a, daemon(postgres_schema) as b:
+        await a.write([_created("ses_a"), _created("ses_p")])
+        epoch = await a.claim("ses_a")
+        assert epoch is not None
+        await b.write([_created("ses_b")])  # the seqs go on from the other daemon's
+        heard: list[str] = []
+        with psycopg.connect(postgres_schema, autocommit=True) as listener:
+            listener.execute(f'LISTEN "{a.channel}"')
+            with round_trips(a) as trips:
+                batch = [
+                    WriteEvents([_titled("ses_a", "one"), _titled("ses_a", "two")],
+                                fence=("ses_a", epoch), blobs=[("d1", b"contents")]),
+                    WriteEvents([_created("ses_c")]),
+                    WriteEvents([_inbox("ses_p", "msg_1")], exists="ses_p", claim=True),
+                    WriteEvents([_titled("ses_c", "three")], exists="ses_c"),
+                ]  # fmt: skip
+                results = await trio.to_thread.run_sync(a._commit, batch)
+            heard = [n.payload for n in listener.notifies(timeout=2, stop_after=1)]
+        assert trips == [1]
+        assert [[e.seq for e in r] for r in results] == [[4, 5], [6], [7], [8]]  # type: ignore[union-attr]
+        assert heard == ["4-8!"]  # inbox.added: handed over
+        assert a.commits_in_one >= 1
+        a._after_commit()
+        assert a.holds("ses_p") and a.take_claim_reads("ses_p") is not None
+        assert [e.seq for e in b.events_after(0)] == list(range(1, 9))
+        with psycopg.connect(postgres_schema, autocommit=True) as conn:
+            assert conn.execute("SELECT seq FROM sessions WHERE id = 'ses_c'").fetchall() == [(8,)]
+            assert conn.execute("SELECT seq FROM inbox").fetchall() == [(7,)]
+            assert conn.execute("SELECT count(*) FROM blobs WHERE hash = 'd1'").fetchone() == (1,)
+        assert a.blob("d1") == b"contents"
+        # A blob known stored is not sent again; one of another daemon's is, harmlessly.
+        with round_trips(a) as trips:
+            await a.write([_titled("ses_a", "four")], fence=("ses_a", epoch),
+                          blobs=[("d1", b"contents")])  # fmt: skip
+            await b.write([_titled("ses_b", "five")], blobs=[("d1", b"contents")])
+        assert trips == [1]
+        assert b.blob("d1") == b"contents"
+
+
+async def test_a_fenced_request_writes_nothing_and_the_rest_commits(postgres_schema: str) -> None:
+    """A batch whose one request lost its lease: the commit of one round trip is
+    aborted (its statement raised), written again in two: the fenced request refused
+    with ``LedgerFenced``, the others committed, seqs gapless."""
+    async with daemon(postgres_schema) as a, daemon(postgres_schema) as b:
+        await a.write([_created("ses_a"), _created("ses_b")])
+        epoch = await a.claim("ses_a")
+        assert epoch is not None
+        with psycopg.connect(postgres_schema, autocommit=True) as conn:
+            conn.execute("UPDATE leases SET owner = 'elsewhere', epoch = 9")
+        two = a.commits_in_two
+        with round_trips(a) as trips:
+            batch = [
+                WriteEvents([_titled("ses_b", "kept")]),
+                WriteEvents([_titled("ses_a", "lost")], fence=("ses_a", epoch)),
+                WriteEvents([_titled("ses_b", "kept too")]),
+            ]
+            results = await trio.to_thread.run_sync(a._commit, batch)
+        assert trips == [3]  # the one refused, then two (its ROLLBACK in the first)
+        assert a.commits_in_two == two + 1
+        assert isinstance(results[1], LedgerFenced)
+        assert [[e.seq for e in r] for r in (results[0], results[2])] == [[3], [4]]  # type: ignore[union-attr]
+        assert [(e.seq, e.session_id) for e in b.events_after(0)] == [
+            (1, "ses_a"), (2, "ses_b"), (3, "ses_b"), (4, "ses_b")]  # fmt: skip
+        assert b.session("ses_a").title == ""  # type: ignore[union-attr]
+        with pytest.raises(LedgerFenced):
+            await a.write([_titled("ses_a", "lost")], fence=("ses_a", epoch))
+        # The connection serves the next commit, in one round trip again.
+        with round_trips(a) as trips:
+            await a.write([_titled("ses_b", "after")])
+        assert trips == [1]
+
+
+async def test_a_missing_session_is_refused_and_a_deleted_one_decided_in_two(
+    postgres_schema: str,
+) -> None:
+    async with daemon(postgres_schema) as a:
+        await a.write([_created("ses_a")])
+        with pytest.raises(LedgerMissing):
+            await a.write([_inbox("ses_x", "msg_1")], exists="ses_x", claim=True)
+        assert not a.holds("ses_x")
+        deleted = NewEvent("session.deleted", "ses_a", {"id": "ses_a"})
+        batch = [WriteEvents([deleted]), WriteEvents([_inbox("ses_a", "msg_2")], exists="ses_a")]
+        one = a.commits_in_one
+        results = await trio.to_thread.run_sync(a._commit, batch)
+        assert a.commits_in_one == one  # known at once: no round trip wasted
+        assert [e.seq for e in results[0]] == [2] and isinstance(results[1], LedgerMissing)  # type: ignore[union-attr]
+        assert [e.seq for e in a.events_after(0)] == [1, 2]
+
+
+async def test_a_commit_that_landed_before_its_connection_died_is_not_written_again(
+    postgres_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection dies after the server committed, before the writer read the
+    answer (so before it knew the seqs): the writer finds the commit by its first
+    event, answers with its seqs, and writes nothing twice; a prompt's claim is read
+    back from the leases."""
+    async with daemon(postgres_schema) as a, daemon(postgres_schema) as b:
+        await a.write([_created("ses_a"), _created("ses_p")])
+        await b.write([_created("ses_b")])
+        real = postgres._result_sets
+        dropped: list[bool] = []
+
+        def lost_answer(cursor: Any) -> Any:
+            if not dropped:
+                dropped.append(True)
+                cursor.connection.close()  # committed: its answer never read
+                raise psycopg.OperationalError("the connection was lost")
+            return real(cursor)
+
+        monkeypatch.setattr(postgres, "_result_sets", lost_answer)
+        events = await a.write([_inbox("ses_p", "msg_1"), _titled("ses_p", "t")],
+                               exists="ses_p", claim=True)  # fmt: skip
+        assert dropped and [e.seq for e in events] == [4, 5]
+        assert a.holds("ses_p")
+        assert a.take_claim_reads("ses_p") is None  # lost with the answer: read again
+        await a.write([_titled("ses_a", "next")])
+        assert [(e.seq, e.type) for e in b.events_after(3)] == [
+            (4, "inbox.added"), (5, "session.updated"), (6, "session.updated")]  # fmt: skip
+
+
+async def test_the_tail_waits_for_a_commit_in_flight_before_telling_its_events_apart(
+    postgres_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tail reads the log (another daemon's commit woke it) while this daemon's
+    commit has landed but its writer has not learned its seqs yet: this daemon's own
+    input is not handed over as another daemon's."""
+    monkeypatch.setattr(postgres, "ORPHAN_SCAN_SECONDS", 60.0)  # no wake but the tail's
+    woken: list[str] = []
+    async with daemon(postgres_schema) as a, daemon(postgres_schema) as b:
+        a.hooks = ClusterHooks(wake=woken.append, lost=lambda session_id: None,
+                               subscribers=lambda: 1)  # fmt: skip
+        await b.write([_created("ses_a"), _created("ses_b")])
+        with trio.fail_after(5):
+            while a._known_seq < 2:
+                await trio.sleep(0.02)
+        numbered = a._numbered
+
+        def slow(*args: Any) -> None:
+            time.sleep(0.6)  # committed, its answer not read yet: the tail reads meanwhile
+            numbered(*args)
+
+        monkeypatch.setattr(a, "_numbered", slow)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(a.write, [_inbox("ses_a", "msg_own")])
+            await trio.sleep(0.2)
+            await b.write([_inbox("ses_b", "msg_theirs")])
+        with trio.fail_after(5):
+            while "ses_b" not in woken:
+                await trio.sleep(0.02)
+        await trio.sleep(0.2)
+        assert woken == ["ses_b"]
+
+
+async def test_a_prompt_taking_a_lapsed_lease_of_another_daemon_is_decided_in_two(
+    postgres_schema: str,
+) -> None:
+    """The change of hands adds ``session.leased`` to the commit, which one round trip
+    cannot number: refused there (nothing written, the lease untouched), made in two."""
+    async with daemon(postgres_schema) as a, daemon(postgres_schema) as b:
+        await a.write([_created("ses_a")])
+        assert await b.claim("ses_a") == 1
+        b._held.pop("ses_a")  # b stopped renewing, and its lease lapsed
+        with psycopg.connect(postgres_schema, autocommit=True) as conn:
+            conn.execute("UPDATE leases SET expires = 1")
+        two = a.commits_in_two
+        with round_trips(a) as trips:
+            events = await a.write([_inbox("ses_a", "msg_1")], exists="ses_a", claim=True)
+        assert trips == [3] and a.commits_in_two == two + 1
+        assert [(e.seq, e.type) for e in events] == [(2, "inbox.added"), (3, "session.leased")]
+        assert events[1].data == {"session_id": "ses_a", "owner": a.owner, "epoch": 2,
+                                  "from": b.owner}  # fmt: skip
+        assert a.holds("ses_a") and a.held_epoch("ses_a") == 2
+        assert [e.seq for e in b.events_after(0)] == [1, 2, 3]
+
+
+async def test_a_commit_whose_server_was_away_a_while_is_looked_up_not_sent_twice(
+    postgres_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection dies around the commit (it landed) and the server cannot be
+    reached at once to ask: the writer's next try looks the commit up first, and the
+    events are written once."""
+    async with daemon(postgres_schema) as a:
+        await a.write([_created("ses_a")])
+        real_sets, real_connect = postgres._result_sets, a._connect_raw
+        dropped: list[bool] = []
+        refused: list[bool] = []
+
+        def lost_answer(cursor: Any) -> Any:
+            if not dropped:
+                dropped.append(True)
+                cursor.connection.close()
+                raise psycopg.OperationalError("the connection was lost")
+            return real_sets(cursor)
+
+        def away_once() -> Any:
+            if not refused:
+                refused.append(True)
+                raise psycopg.OperationalError("the server is restarting")
+            return real_connect()
+
+        monkeypatch.setattr(postgres, "_result_sets", lost_answer)
+        monkeypatch.setattr(a, "_connect_raw", away_once)
+        events = await a.write([_titled("ses_a", "once")])
+        assert dropped and refused and [e.seq for e in events] == [2]
+        await a.write([_titled("ses_a", "next")])
+        assert [(e.seq, e.data.get("title")) for e in a.events_after(1)] == [
+            (2, "once"), (3, "next")]  # fmt: skip
