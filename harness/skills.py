@@ -105,7 +105,7 @@ def has_skill_folders(
 
 
 def _home_config() -> str:
-    return os.path.join(str(Path.home()), ".config")
+    return os.path.join(os.path.expanduser("~"), ".config")  # Path.home(), in strings
 
 
 def _front(path: str, info: os.stat_result) -> tuple[str, str] | str:
