@@ -11,6 +11,7 @@ changing it, as a user editing between two turns would.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -151,3 +152,44 @@ async def test_a_turn_without_skills_folders_makes_no_discovery_and_a_new_one_is
     assert len(discoveries) == 1
     names = [[t.name for t in request.tools] for request in provider.requests]
     assert "skill" not in names[0] and "skill" not in names[1] and "skill" in names[2]
+
+
+def test_a_script_file_is_parsed_once_while_it_holds_still_and_again_once_edited(
+    tmp_path: Path, trusted: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from harness.providers import scripted
+
+    monkeypatch.setattr(scripted, "_SCRIPTS", {})
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps([{"text": "first"}]))
+    time.sleep(TICK)
+    parsed: list[Path] = []
+    real = scripted._parse_script
+
+    def counted(where: Path) -> Any:
+        parsed.append(where)
+        return real(where)
+
+    monkeypatch.setattr(scripted, "_parse_script", counted)
+    one = scripted.ScriptedProvider.from_file(path)
+    two = scripted.ScriptedProvider.from_file(path)
+    assert len(parsed) == 1 and one is not two and one.turns[0].text == "first"
+    path.write_text(json.dumps([{"text": "second"}]))  # edited
+    assert scripted.ScriptedProvider.from_file(path).turns[0].text == "second"
+    assert len(parsed) == 2
+    path.unlink()
+    with pytest.raises(scripted.ScriptError, match="script not found"):
+        scripted.ScriptedProvider.from_file(path)
+
+
+def test_a_script_written_just_now_is_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from harness.providers import scripted
+
+    monkeypatch.setattr(scripted, "_SCRIPTS", {})
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps([{"text": "first"}]))
+    scripted.ScriptedProvider.from_file(path)
+    assert scripted._SCRIPTS == {}  # within RACY_NS of its change: a second edit in the
+    # same clock tick would leave its stat as it was
