@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -194,7 +195,10 @@ class TurnBuilder:
             max_steps=turn_steps or config.max_steps or agent.steps,
             ledger_history=history or History(ledger, session.id),
             ledger_post=ledger.post,
-            ledger_flush=ledger.flush,
+            # What the runner waits for before it reads: this session's own writes. On a
+            # shared ledger a flush is a transaction even with nothing to wait for (the
+            # first step's, right after the turn's claim was answered, was one a turn).
+            ledger_flush=partial(ledger.settle, session.id),
             take_steered=self.hooks.take_steered,
             executor=executor.mailbox,
             feed=services.feed,
