@@ -1,8 +1,8 @@
-"""A one-step turn's fixed work, counted rather than timed (issue 18, turn start).
+"""A turn's fixed work, counted rather than timed (issue 18, turn start).
 
 CPU time on a shared machine moves by more than a turn's start costs; these counts do
-not. One session at a time, ``--turns`` one-step turns of a scripted model after a warm
-one, each in a new session (as a daemon's turns mostly are: its actors let go when
+not. One session at a time, ``--turns`` turns of ``--steps`` steps of a scripted model
+after a warm one, each in a new session (as a daemon's turns mostly are: its actors let go when
 idle): Python calls on the event loop's thread (cProfile's count), jobs handed to worker
 threads (commits, reads, discovery), and the ledger's transactions, per turn::
 
@@ -10,7 +10,9 @@ threads (commits, reads, discovery), and the ledger's transactions, per turn::
     python benchmarks/turn_calls.py --url postgresql://…  # a fresh schema there
     /other/checkout/.venv/bin/python benchmarks/turn_calls.py   # another tree's harness
 
-Run from a directory with no ``harness/`` in it to count another checkout's code.
+Run from a directory with no ``harness/`` in it to count another checkout's code. A
+turn's fixed work is the one-step figure less a step's (the difference to ``--steps 3``,
+halved); the counts move a little with how the writer groups commits.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--url", help="a PostgreSQL database (a schema is made and dropped)")
     parser.add_argument("--turns", type=int, default=100)
+    parser.add_argument(
+        "--steps", type=int, default=1, help="steps a turn: reads of a small file, then a text"
+    )
     args = parser.parse_args()
     schema = f"turn_calls_{uuid.uuid4().hex[:10]}"
     dsn: str | None = None
@@ -41,14 +46,14 @@ def main() -> None:
         joiner = "&" if "?" in args.url else "?"
         dsn = f"{args.url}{joiner}options=-csearch_path%3D{schema}"
     try:
-        print(json.dumps(count(dsn, args.turns)))
+        print(json.dumps(count(dsn, args.turns, args.steps)))
     finally:
         if args.url:
             with psycopg.connect(args.url, autocommit=True) as conn:
                 conn.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
-def count(dsn: str | None, turns: int) -> dict[str, float]:
+def count(dsn: str | None, turns: int, steps: int) -> dict[str, float]:
     import trio
 
     from harness.config import Config
@@ -57,7 +62,9 @@ def count(dsn: str | None, turns: int) -> dict[str, float]:
     base = Path(tempfile.mkdtemp(prefix="harness-turn-calls-"))
     project = base / "project"
     project.mkdir()
-    (base / "model.json").write_text(json.dumps([{"text": "done"}]))
+    (project / "f.txt").write_text("a small file\n")
+    reads = [{"tool_calls": [{"name": "read", "arguments": {"path": "f.txt"}}]}] * (steps - 1)
+    (base / "model.json").write_text(json.dumps([*reads, {"text": "done"}]))
     config = Config(
         home=base / "home",
         model=f"scripted:{base / 'model.json'}",
