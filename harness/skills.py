@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from harness import frontmatter
-from harness.project import project_chain
+from harness.project import FolderLook, project_chain
 
 SKILL_FOLDERS = (".harness/skills", ".agents/skills", ".claude/skills")
 SKILL_FILE = "SKILL.md"
@@ -82,6 +82,30 @@ def _roots(directory: Path, environ: Mapping[str, str] | None) -> list[tuple[Pat
     if candidate.is_dir():
         roots.append((candidate, None))
     return roots
+
+
+# The first folder of each of SKILL_FOLDERS: a folder with none of them holds no skills.
+_SKILL_TOPS = tuple(relative.split("/")[0] for relative in SKILL_FOLDERS)
+
+
+def has_skill_folders(
+    directory: str, look: FolderLook, environ: Mapping[str, str] | None = None
+) -> bool:
+    """Whether any folder ``discover`` reads exists for a session in ``directory``:
+    without one there is nothing to find, and a turn need not hand it to a thread."""
+    for folder in look.chain(directory):
+        if look.missing(folder, _SKILL_TOPS):
+            continue
+        if any(os.path.isdir(os.path.join(folder, relative)) for relative in SKILL_FOLDERS):
+            return True
+    env = os.environ if environ is None else environ
+    # ``global_folder`` in strings; its last part, "skills", is looked up in its parent.
+    parent = os.path.join(env.get("XDG_CONFIG_HOME") or _home_config(), "harness")
+    return not look.missing(parent, ("skills",)) and os.path.isdir(os.path.join(parent, "skills"))
+
+
+def _home_config() -> str:
+    return os.path.join(os.path.expanduser("~"), ".config")  # Path.home(), in strings
 
 
 def _front(path: str, info: os.stat_result) -> tuple[str, str] | str:

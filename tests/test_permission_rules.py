@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from harness.agents import AGENTS, UnknownAgentError, get_agent
@@ -154,6 +156,31 @@ def test_disabled_tools() -> None:
     # A deny on one pattern only does not hide the tool.
     assert disabled_tools(["bash"], [rule("bash", "rm *", "deny")]) == set()
     assert disabled_tools(tools, [rule("*", "*", "deny")]) == set(tools)
+
+
+def test_disabled_tools_kept_per_ruleset_follow_a_changed_rule(monkeypatch: Any) -> None:
+    # Kept by the rules' values: the same ruleset again is not matched again, a rule
+    # changed in place (a session's PATCH between turns) is, and the answer is a copy.
+    from harness.permissions import ruleset
+
+    calls: list[str] = []
+
+    def counted(pattern: str, value: str) -> bool:
+        calls.append(value)
+        return match(pattern, value)
+
+    monkeypatch.setattr(ruleset, "match", counted)
+    tools = ["read", "bash"]
+    rules = [rule("bash", "*", "deny")]
+    hidden = disabled_tools(tools, rules)
+    assert hidden == {"bash"} and calls
+    hidden.add("read")
+    calls.clear()
+    assert disabled_tools(tools, [rule("bash", "*", "deny")]) == {"bash"}
+    assert calls == []
+    rules[0].action = "allow"
+    assert disabled_tools(tools, rules) == set()
+    assert calls
 
 
 # --- agents ----------------------------------------------------------------------------------

@@ -406,15 +406,22 @@ class SessionActor:
                 "notice": sandbox.notice,
             }
             events.append(NewEvent("sandbox.unavailable", self.session_id, notice))
+        # The session busy, in the claim's own commit: posted after it, it was a commit
+        # of its own, which the runner's flush before its first step waited for (a
+        # worker-thread round trip a turn). The title is derived, not asked of the
+        # model: a run sends no side requests by default.
+        title = session.title or derive_title(item.text)
+        busy = self._changed(status="busy", error=None, title=title)
+        events.append(NewEvent.of("session.updated", self.session_id, busy))
         written = await self._ledger.write(events)
+        self._saves += 1
+        self._state = busy
         seeded = None
         if first is not None and first.history is not None:
             # The history the claim read, and this turn's first events: no read of it.
             seeded = History(self._ledger, self.session_id)
             seeded.seed(first.history, written)
         self._empty_at = self._unsteered_at = empty_at
-        # Derived, not asked of the model: a run sends no side requests by default.
-        self._save(status="busy", error=None, title=session.title or derive_title(item.text))
         if not session.title and self._services.config.title_model:
             # Off the critical path: the turn never waits for the title, nor fails with it.
             nursery.start_soon(self._write_title, item.text)
@@ -686,9 +693,13 @@ class SessionActor:
             self._state = session
         return self._state
 
+    def _changed(self, **changes: Any) -> Session:
+        """The session row with ``changes``, as this actor is about to write it."""
+        return self._session().model_copy(update={**changes, "updated": time.time()})
+
     def _save(self, **changes: Any) -> None:
         self._saves += 1
-        self._state = self._session().model_copy(update={**changes, "updated": time.time()})
+        self._state = self._changed(**changes)
         self._ledger.post([NewEvent.of("session.updated", self.session_id, self._state)])
 
     def _set_status(self, status: SessionStatus, error: str | None = None) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +31,11 @@ from harness.history import History
 from harness.messages.events import NewEvent
 from harness.messages.model import Rule, Session, Tokens, UserMessage
 from harness.permissions.ruleset import disabled_tools
+from harness.project import FolderLook
 from harness.providers import split_model
 from harness.providers.base import Provider
 from harness.providers.retry import RetryNotice, RetryPolicy
-from harness.skills import Skill, discover
+from harness.skills import Skill, discover, has_skill_folders
 from harness.tools.base import Tool
 from harness.tools.skill import skill_description
 from harness.tools.task import task_description
@@ -83,20 +85,27 @@ class TurnBuilder:
         else:
             own = Budget(config.budget_tokens, config.budget_cost, config.budget_time)
             budget = own if own.limited else None
+        # One look at the project's folders for AGENTS.md, .git and skills: each folder's
+        # stat once, and the names it was seen without not asked for again (project.py).
+        look = FolderLook()
+        directory = Path(session.directory)
         system = await assemble_system(
-            self.services.agents.agent_of(session).prompt, Path(session.directory), config.home
+            self.services.agents.agent_of(session).prompt, directory, config.home, look
         )
         if self.services.mcp is not None:
             # Lazily, by the first turn that may use them; shared by the harness's sessions.
-            await self.services.mcp.prepare(session.id, Path(session.directory))
-        skills = await self._skills(session) if "skill" in self.services.tools else ()
+            await self.services.mcp.prepare(session.id, directory)
+        skills = await self._skills(session, look) if "skill" in self.services.tools else ()
         if user_message is None:  # a turn resumed: its user message is in the ledger
             user_message = await self.services.ledger.user_message_async(message_id)
         return Turn(message_id, tuple(system), budget, skills, user_message)
 
-    async def _skills(self, session: Session) -> tuple[Skill, ...]:
+    async def _skills(self, session: Session, look: FolderLook) -> tuple[Skill, ...]:
         """The session's skills; each SKILL.md skipped is an event and a log line, once
-        per session and file version in this process."""
+        per session and file version in this process. Read in a worker thread (the
+        folders' files), unless there is no skills folder at all to read."""
+        if not has_skill_folders(session.directory, look):
+            return ()
         skills, problems = await trio.to_thread.run_sync(discover, Path(session.directory))
         events = []
         for problem in problems:
@@ -186,7 +195,10 @@ class TurnBuilder:
             max_steps=turn_steps or config.max_steps or agent.steps,
             ledger_history=history or History(ledger, session.id),
             ledger_post=ledger.post,
-            ledger_flush=ledger.flush,
+            # What the runner waits for before it reads: this session's own writes. On a
+            # shared ledger a flush is a transaction even with nothing to wait for (the
+            # first step's, right after the turn's claim was answered, was one a turn).
+            ledger_flush=partial(ledger.settle, session.id),
             take_steered=self.hooks.take_steered,
             executor=executor.mailbox,
             feed=services.feed,

@@ -13,6 +13,7 @@ It is built once per turn: a ``git status`` per step would cost more than the st
 from __future__ import annotations
 
 import contextlib
+import os
 import platform
 import time
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from pathlib import Path
 import trio
 
 from harness.gitsafe import git_output
+from harness.project import FolderLook
 
 MAX_INSTRUCTIONS_BYTES = 64 * 1024
 MAX_STATUS_LINES = 20
@@ -121,20 +123,35 @@ def _instructions(path: Path, source: str) -> SystemBlock | None:
     )
 
 
-def project_instructions(directory: Path) -> SystemBlock | None:
-    """The nearest AGENTS.md from the session directory up to the repository root."""
-    for folder in (directory, *directory.parents):
-        block = _instructions(folder / "AGENTS.md", "AGENTS.md")
-        if block is not None:
-            return block
-        if (folder / ".git").exists():
-            break
-    return None
+def project_instructions(directory: Path, look: FolderLook | None = None) -> SystemBlock | None:
+    """The nearest AGENTS.md from the session directory up to the repository root
+    (``look``: a turn's look at the folders, which knows where none is)."""
+    look = look or FolderLook()
+    folder = os.path.abspath(directory)
+    while True:
+        if not look.missing(folder, ("AGENTS.md",)):
+            block = _instructions(Path(folder, "AGENTS.md"), "AGENTS.md")
+            if block is not None:
+                return block
+        parent = os.path.dirname(folder)
+        if parent == folder or look.holds(folder, ".git"):
+            return None
+        folder = parent
 
 
-async def assemble_system(agent_prompt: str, directory: Path, home: Path) -> list[SystemBlock]:
+def global_instructions(home: Path, look: FolderLook | None = None) -> SystemBlock | None:
+    """The user's own ``$HARNESS_HOME/AGENTS.md``."""
+    if look is not None and look.missing(os.fspath(home), ("AGENTS.md",)):
+        return None
+    return _instructions(home / "AGENTS.md", "global")
+
+
+async def assemble_system(
+    agent_prompt: str, directory: Path, home: Path, look: FolderLook | None = None
+) -> list[SystemBlock]:
+    look = look or FolderLook()
     blocks = [SystemBlock("agent", agent_prompt), await environment_block(directory)]
-    for block in (project_instructions(directory), _instructions(home / "AGENTS.md", "global")):
+    for block in (project_instructions(directory, look), global_instructions(home, look)):
         if block is not None:
             blocks.append(block)
     return blocks

@@ -178,10 +178,23 @@ def disabled_tools(tool_names: Iterable[str], rules: Sequence[Rule]) -> set[str]
     Only the last rule matching the permission counts, whatever its pattern, so
     ``edit * deny`` followed by ``edit plans/* allow`` keeps the tool visible.
     """
-    hidden: set[str] = set()
-    for name in tool_names:
-        permission = permission_for_tool(name)
-        last = next((r for r in reversed(rules) if match(r.permission, permission)), None)
-        if last is not None and last.pattern == "*" and last.action == "deny":
-            hidden.add(name)
-    return hidden
+    names = tuple(tool_names)
+    # Each turn asks this of the same tools and, mostly, the same rules: the answer is
+    # kept by their values (a rule's ``source`` does not change it).
+    key = (names, tuple((r.permission, r.pattern, r.action) for r in rules))
+    known = _HIDDEN.get(key)
+    if known is None:
+        found: set[str] = set()
+        for name in names:
+            permission = permission_for_tool(name)
+            last = next((r for r in reversed(rules) if match(r.permission, permission)), None)
+            if last is not None and last.pattern == "*" and last.action == "deny":
+                found.add(name)
+        if len(_HIDDEN) >= _HIDDEN_KEEP:
+            _HIDDEN.clear()
+        known = _HIDDEN[key] = frozenset(found)
+    return set(known)
+
+
+_HIDDEN_KEEP = 256  # rulesets remembered; past this, all are forgotten
+_HIDDEN: dict[tuple[tuple[str, ...], tuple[tuple[str, str, str], ...]], frozenset[str]] = {}

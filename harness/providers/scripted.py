@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from pathlib import Path
@@ -27,6 +29,7 @@ from typing import Any, Literal
 import trio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from harness import project
 from harness.messages.model import Tokens
 from harness.messages.provider import (
     AssistantTurn,
@@ -92,7 +95,35 @@ class Script(_Strict):
     subtasks: dict[str, list[ScriptedTurn]] = Field(default_factory=dict)
 
 
+# Parsed scripts by file, while the file's stat holds: a daemon makes a provider for each
+# session actor, i.e. for most turns, and read and validated the same file each time.
+# A script is never changed by the provider that plays it. A file changed less than
+# RACY_NS before it was read is not kept (coarse timestamps: project.py).
+_SCRIPTS: dict[str, tuple[tuple[int, int, int, int, int], Script]] = {}
+_SCRIPTS_KEEP = 64
+
+
 def load_script(path: Path) -> Script:
+    key = os.fspath(path)
+    try:
+        info = os.stat(key)
+    except FileNotFoundError as error:
+        raise ScriptError(f"script not found: {path}") from error
+    except (OSError, ValueError) as error:
+        raise ScriptError(f"cannot read script {path}: {error}") from error
+    signature = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+    cached = _SCRIPTS.get(key)
+    if cached is not None and cached[0] == signature:
+        return cached[1]
+    script = _parse_script(path)
+    if time.time_ns() - max(info.st_mtime_ns, info.st_ctime_ns) > project.RACY_NS:
+        if len(_SCRIPTS) >= _SCRIPTS_KEEP:
+            _SCRIPTS.clear()
+        _SCRIPTS[key] = (signature, script)
+    return script
+
+
+def _parse_script(path: Path) -> Script:
     try:
         raw = json.loads(path.read_text())
     except FileNotFoundError as error:
