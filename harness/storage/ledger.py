@@ -24,8 +24,10 @@ from typing import Any, Literal
 from urllib.parse import quote
 
 import apsw
+from pydantic_core import PydanticSerializationError
+from pydantic_core import to_json as _to_json
 
-from harness.messages.events import Event
+from harness.messages.events import Event, EventType
 from harness.messages.mailbox import WriteEvents
 from harness.messages.names import shown_data
 from harness.private import FILE_MODE, private_dir, private_file, tighten
@@ -37,7 +39,13 @@ from harness.storage.port import (
     LedgerPort,
     LedgerRefused,
 )
-from harness.storage.projections import PROJECTIONS
+from harness.storage.projections import (
+    PROJECTIONS,
+    Execute,
+    LastRows,
+    Projection,
+    upsert_session,
+)
 from harness.storage.schema import MIGRATIONS, SCHEMA_VERSION
 
 __all__ = ["Durability", "FileChangeRow", "Ledger", "LedgerError", "LedgerPort"]
@@ -60,15 +68,28 @@ def _encodable(text: str) -> bool:
     return True
 
 
+def _encoded(data: dict[str, Any]) -> str:
+    """``_dumps(data)``, by pydantic-core where it can: ~2.5 times faster (the writer
+    encodes ~10 events a step). The same text for what events hold (UTF-8 strings, ints,
+    floats, NaN and infinities as Python writes them) but for the spelling of some small
+    floats (``0.00001`` for ``1e-05``, the same number). What it refuses (a lone
+    surrogate: it encodes only UTF-8; a key that is no string) takes the json path, which
+    handles it as before."""
+    try:
+        return _to_json(data, inf_nan_mode="constants").decode()
+    except (PydanticSerializationError, ValueError, TypeError):
+        return _dumps(data)
+
+
 def stored_text(data: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """An event's data as stored, and its JSON text: shown when not UTF-8, redacted."""
     stored = data
-    text = _dumps(stored)
+    text = _encoded(stored)
     if not _encodable(text):
         # A name that is not UTF-8 (or a model's lone surrogate): SQLite and every
         # reader need text, so it is stored as shown (\xff).
         stored = shown_data(stored)
-        text = _dumps(stored)
+        text = _encoded(stored)
     if has_secrets():
         # One pass over the serialized text; parsed again only when it held a secret,
         # so what is stored and what is published agree.
@@ -95,6 +116,7 @@ class Ledger(LedgerPort):
         self.path = path
         self.location = str(path)
         self.durability = durability
+        self._projections: dict[EventType, Projection] = PROJECTIONS
         try:
             if read_only:
                 self._read = self._write = self._connect_read_only(path)
@@ -104,6 +126,7 @@ class Ledger(LedgerPort):
                 private_file(path)
                 self._write = self._connect(path)
                 self._migrate(self._write)
+                self._projections = _sqlite_projections(self._write)
                 self._read = self._connect(path)
                 for suffix in ("-wal", "-shm"):  # made by an older, looser harness
                     tighten(path.with_name(path.name + suffix), FILE_MODE)
@@ -190,8 +213,10 @@ class Ledger(LedgerPort):
 
     def _commit(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerRefused]:
         conn = self._write
+        execute = conn.execute
         now = time.time()
         out: list[list[Event] | LedgerRefused] = []
+        rows = LastRows(self._projections)
         with conn:
             for request in batch:
                 if request.exists is not None and not conn.execute(
@@ -204,20 +229,41 @@ class Ledger(LedgerPort):
                 events: list[Event] = []
                 for new in request.events:
                     stored, text = stored_text(new.data)
-                    conn.execute(
-                        "INSERT INTO events(ts, session_id, type, data) VALUES (?, ?, ?, ?)",
-                        (now, new.session_id, new.type, text),
-                    )
+                    execute(_EVENT_INSERT, (now, new.session_id, new.type, text))
                     seq = conn.last_insert_rowid()
-                    project = PROJECTIONS.get(new.type)
-                    if project is not None:
-                        project(conn.execute, seq, stored, text)
+                    rows.apply(execute, new.type, seq, stored, text)
                     events.append(Event(seq, now, new.type, new.session_id, stored))
                 out.append(events)
+            rows.flush(execute)
         return out
 
     def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         return self._read.execute(sql, args).fetchall()
+
+
+_EVENT_INSERT = "INSERT INTO events(ts, session_id, type, data) VALUES (?, ?, ?, ?)"
+# A session's row when its status and parent stay as they were (every step's
+# session.updated): the upsert of projections.py also rewrites their two index
+# entries, two pages more in every commit's WAL frames (~20 a step).
+_SESSION_KEPT = (
+    "INSERT INTO sessions(id, parent_id, status, updated, seq, data) VALUES (?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT(id) DO UPDATE SET updated=excluded.updated, seq=excluded.seq,"
+    " data=excluded.data"
+    " WHERE sessions.status IS excluded.status AND sessions.parent_id IS excluded.parent_id"
+)
+
+
+def _sqlite_projections(conn: apsw.Connection) -> dict[EventType, Projection]:
+    """PROJECTIONS, with the session upsert that leaves unchanged index entries alone
+    (it needs SQLite's ``changes()``): the same rows."""
+
+    def session(execute: Execute, seq: int, data: dict[str, Any], text: str) -> None:
+        row = (data["id"], data.get("parent_id"), data["status"], data["updated"], seq, text)
+        execute(_SESSION_KEPT, row)
+        if not conn.changes():  # its status or parent changed: the upsert that sets them
+            upsert_session(execute, seq, data, text)
+
+    return {**PROJECTIONS, "session.created": session, "session.updated": session}
 
 
 def _disk_full(error: BaseException) -> bool:

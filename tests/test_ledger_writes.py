@@ -1,0 +1,209 @@
+"""What a step's commit costs the SQLite ledger (issue 14): statements and WAL pages.
+
+A `read` step commits ~10 events in one transaction. Its assistant message is created
+then updated, its tool part written pending, running and completed: each row is now
+written once a commit, as of its last event (every event is still appended). The
+session's row, rewritten every step with the same status and parent, leaves their
+index entries alone. Counted, not timed: the statements a commit runs (apsw's
+``exec_trace``) and the pages it appends to the WAL (``setwalhook``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import apsw
+import pytest
+import trio
+
+from harness.messages.events import NewEvent
+from harness.messages.model import (
+    AssistantMessage,
+    Session,
+    StepStartPart,
+    ToolCompleted,
+    ToolPart,
+    ToolPending,
+    ToolRunning,
+)
+from harness.storage.ledger import Ledger, stored_text
+
+
+@asynccontextmanager
+async def _running(ledger: Ledger) -> AsyncIterator[Ledger]:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ledger.run_writer, None)
+        try:
+            yield ledger
+        finally:
+            ledger.close_writer()
+    ledger.close()
+
+
+def _session(session_id: str = "ses_a", **update: Any) -> Session:
+    now = time.time()
+    session = Session(id=session_id, directory="/tmp", model="scripted:x", created=now, updated=now)
+    return session.model_copy(update=update)
+
+
+def _step(session: Session, index: int) -> list[NewEvent]:
+    """The events of one `read` step, as the runner and the tool executor make them."""
+    message = AssistantMessage(
+        id=f"msg_{index:04d}", session_id=session.id, parent_id="msg_user", agent="build",
+        model="scripted:x", step=index, created=1.0,
+    )  # fmt: skip
+    start = StepStartPart(
+        id=f"prt_{index:04d}a", session_id=session.id, message_id=message.id, step=index
+    )
+    tool = ToolPart(
+        id=f"prt_{index:04d}b", session_id=session.id, message_id=message.id,
+        call_id=f"call_{index}", tool="read", state=ToolPending(),
+    )  # fmt: skip
+    running = tool.model_copy(update={"state": ToolRunning(input={"path": "f"}, start=1.0)})
+    done = ToolCompleted(input={"path": "f"}, output="line 1\n" * 40, start=1.0, end=2.0)
+    finished = message.model_copy(update={"finish": "tool_calls"})
+    return [
+        NewEvent.of("message.created", session.id, message),
+        NewEvent.of("part.created", session.id, start),
+        NewEvent.of("part.created", session.id, tool),
+        NewEvent.of("message.updated", session.id, finished),
+        NewEvent.of("session.updated", session.id, session),
+        NewEvent("permission.decided", session.id, {"call_id": f"call_{index}"}),
+        NewEvent.of("part.updated", session.id, running),
+        NewEvent.of("part.updated", session.id, tool.model_copy(update={"state": done})),
+    ]
+
+
+def _statements(ledger: Ledger) -> list[str]:
+    seen: list[str] = []
+
+    def trace(cursor: apsw.Cursor, sql: str, bindings: Any) -> bool:
+        seen.append(sql.split("(")[0].strip())
+        return True
+
+    ledger._write.exec_trace = trace
+    return seen
+
+
+async def test_a_step_writes_each_message_and_part_row_once(tmp_path: Path) -> None:
+    session = _session(status="busy")
+    async with _running(Ledger(tmp_path / "ledger.db")) as ledger:
+        await ledger.write([NewEvent.of("session.created", session.id, session)])
+        seen = _statements(ledger)
+        committed = await ledger.write(_step(session, 1))
+        ledger._write.exec_trace = None
+        # Every event is appended...
+        assert seen.count("INSERT INTO events") == 8
+        assert [e.seq for e in ledger.events_after(1)] == [e.seq for e in committed]
+        # ...but the message's row and each part's are written once: 3 upserts, not 6.
+        assert seen.count("INSERT INTO messages") == 1
+        assert seen.count("INSERT INTO parts") == 2
+        # The rows are those of their last events; a message keeps its first seq.
+        first, last = committed[0].seq, committed[3].seq
+        rows = ledger._rows("SELECT seq, created_seq, data FROM messages WHERE id = 'msg_0001'")
+        assert rows[0][:2] == (last, first)
+        assert json.loads(rows[0][2])["finish"] == "tool_calls"
+        parts = ledger._rows("SELECT id, status, seq FROM parts ORDER BY id")
+        assert parts == [
+            ("prt_0001a", None, committed[1].seq),
+            ("prt_0001b", "completed", committed[7].seq),
+        ]
+        assert ledger.changes(session.id, 0)[0][0].finish == "tool_calls"
+        transcript = ledger.messages(session.id)
+        assert [p.id for p in transcript[0].parts] == ["prt_0001a", "prt_0001b"]
+        tool = transcript[0].parts[1]
+        assert isinstance(tool, ToolPart) and isinstance(tool.state, ToolCompleted)
+        assert ledger.open_tool_parts(session.id) == []
+
+
+async def test_rows_held_back_are_written_before_a_deletion_of_their_session(
+    tmp_path: Path,
+) -> None:
+    session = _session()
+    async with _running(Ledger(tmp_path / "ledger.db")) as ledger:
+        await ledger.write([NewEvent.of("session.created", session.id, session)])
+        again = _session(status="busy")
+        await ledger.write(
+            [
+                *_step(session, 1),
+                NewEvent("session.deleted", session.id, {"id": session.id}),
+                NewEvent.of("session.created", session.id, again),
+                *_step(again, 2)[:3],
+            ]
+        )
+        # The first step's rows went with the deletion; the second step's are there.
+        assert ledger._rows("SELECT id FROM messages") == [("msg_0002",)]
+        assert [row[0] for row in ledger._rows("SELECT id FROM parts ORDER BY id")] == [
+            "prt_0002a",
+            "prt_0002b",
+        ]
+        status = ledger._rows("SELECT status FROM parts WHERE id = 'prt_0002b'")
+        assert status == [("pending",)]
+
+
+def _frames(ledger: Ledger) -> list[int]:
+    """The WAL's pages after each commit (no checkpoint between them)."""
+    pages_after: list[int] = []
+
+    def hook(conn: apsw.Connection, name: str, pages: int) -> int:
+        pages_after.append(pages)
+        return apsw.SQLITE_OK
+
+    ledger._write.wal_autocheckpoint(0)
+    ledger._write.setwalhook(hook)
+    return pages_after
+
+
+async def test_a_session_row_rewritten_as_it_was_leaves_its_index_entries(
+    tmp_path: Path,
+) -> None:
+    session = _session(status="busy")
+    async with _running(Ledger(tmp_path / "ledger.db")) as ledger:
+        await ledger.write([NewEvent.of("session.created", session.id, session)])
+        pages = _frames(ledger)
+        await ledger.write([NewEvent("permission.decided", session.id, {})])  # the start
+        kept = session.model_copy(update={"title": "a title", "updated": 2.0})
+        await ledger.write([NewEvent.of("session.updated", session.id, kept)])
+        idle = kept.model_copy(update={"status": "idle", "updated": 3.0})
+        await ledger.write([NewEvent.of("session.updated", session.id, idle)])
+        busy = idle.model_copy(update={"status": "busy", "updated": 4.0})
+        await ledger.write([NewEvent.of("session.updated", session.id, busy)])
+        frames = [after - before for before, after in itertools.pairwise(pages)]
+        # Its status and parent as they were: the row's page, not their index pages too.
+        assert frames[0] == frames[2] - 2, frames
+        assert frames[1] == frames[2], frames
+        assert ledger.session(session.id) == busy
+        assert [s.id for s in ledger.sessions("busy")] == [session.id]
+        assert ledger.sessions("idle") == []
+        # A parent set later is taken too, and found by its index.
+        child = busy.model_copy(update={"parent_id": "ses_p", "updated": 5.0})
+        await ledger.write([NewEvent.of("session.updated", session.id, child)])
+        assert [s.id for s in ledger.children("ses_p")] == [session.id]
+        assert ledger._rows("SELECT updated FROM sessions") == [(5.0,)]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"text": "é \u2028 \x1f \"q\" \\ 😀", "n": 10**30, "f": 1e-05, "g": -0.0},
+        {"inf": float("inf"), "ninf": float("-inf"), "list": [1, 2.5, None, True]},
+        {"nested": {"a": [{"b": "c"}], "t": (1, 2)}, "big": 2**63},
+    ],
+)
+def test_an_event_is_stored_as_the_json_of_its_data(data: dict[str, Any]) -> None:
+    stored, text = stored_text(data)
+    assert stored is data
+    assert json.loads(text) == json.loads(json.dumps(data))
+
+
+def test_a_lone_surrogate_is_stored_as_shown() -> None:
+    stored, text = stored_text({"path": "bad\udcffname", "n": 1})
+    assert stored == {"path": "bad\\xffname", "n": 1}
+    assert json.loads(text) == stored
+    text.encode("utf-8")  # SQLite stores text: UTF-8
