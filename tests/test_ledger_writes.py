@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -207,3 +208,85 @@ def test_a_lone_surrogate_is_stored_as_shown() -> None:
     assert stored == {"path": "bad\\xffname", "n": 1}
     assert json.loads(text) == stored
     text.encode("utf-8")  # SQLite stores text: UTF-8
+
+
+async def test_a_steps_commit_makes_no_worker_thread_round_trip(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step's batch commits on the event loop's thread (a thread's round trip cost
+    about what the commit itself does); one with file contents to compress, one of
+    many sessions' steps, and every one that syncs to disk still on a worker thread."""
+    threads: list[str] = []
+    commit = Ledger._commit
+    loop_thread = threading.get_ident()
+
+    def where(self: Ledger, batch: Any) -> Any:
+        threads.append("loop" if threading.get_ident() == loop_thread else "worker")
+        return commit(self, batch)
+
+    monkeypatch.setattr(Ledger, "_commit", where)
+    session = _session(status="busy")
+    async with _running(Ledger(tmp_path / "ledger.db")) as ledger:
+        await ledger.write([NewEvent.of("session.created", session.id, session)])
+        await ledger.write(_step(session, 1))
+        await ledger.write([], blobs=[("ab" * 32, b"contents")])
+        many = [event for index in range(2, 12) for event in _step(session, index)]
+        await ledger.write(many)
+        assert threads == ["loop", "loop", "worker", "worker"]
+        assert len(ledger.messages(session.id)) == 11
+    threads.clear()
+    async with _running(Ledger(tmp_path / "full.db", durability="full")) as ledger:
+        await ledger.write([NewEvent.of("session.created", session.id, session)])
+        await ledger.write(_step(session, 1))
+    assert threads == ["worker", "worker"]
+
+
+async def test_the_wal_is_checkpointed_off_the_event_loop_and_starts_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checkpoints: list[bool] = []
+    checkpoint = Ledger._checkpoint
+    loop_thread = threading.get_ident()
+
+    def where(self: Ledger) -> None:
+        checkpoints.append(threading.get_ident() == loop_thread)
+        checkpoint(self)
+
+    monkeypatch.setattr(Ledger, "_checkpoint", where)
+    path = tmp_path / "ledger.db"
+    session = _session(status="busy")
+    async with _running(Ledger(path)) as ledger:
+        await ledger.write([NewEvent.of("session.created", session.id, session)])
+        sizes: list[int] = []
+        for index in range(600):  # ~10 pages a commit: ~6,000 pages in all
+            done = {"id": session.id, "output": f"{index}: " + "x" * 30_000}
+            await ledger.write([NewEvent("permission.decided", session.id, done)])
+            sizes.append(ledger._wal_pages)
+            while ledger._checkpointing.locked():  # a model's wait, longer than it
+                await trio.sleep(0.001)
+        assert len(checkpoints) >= 5 and not any(checkpoints)
+        # Each time the WAL started again, at the commit after a checkpoint.
+        starts = [index for index in range(1, 600) if sizes[index] < sizes[index - 1]]
+        assert len(starts) >= 5 and max(sizes) < 1000 + 20, (starts, max(sizes))
+        assert ledger.last_seq() == 601
+    reopened = Ledger(path)
+    assert len(reopened.events_after(0, limit=1000)) == 601
+    reopened.close()
+    assert not path.with_name("ledger.db-wal").exists()
+
+
+async def test_a_wal_that_commits_never_let_start_again_is_checkpointed_by_a_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Commits that never pause may keep every checkpoint beside them from copying the
+    whole WAL: past its bound the next commit checkpoints it itself, as SQLite did."""
+    session = _session(status="busy")
+    async with _running(Ledger(tmp_path / "ledger.db")) as ledger:
+        await ledger.write([NewEvent.of("session.created", session.id, session)])
+        sizes: list[int] = []
+        for index in range(1000):  # ~10,000 pages, none of the commits waiting
+            done = {"id": session.id, "output": f"{index}: " + "x" * 30_000}
+            await ledger.write([NewEvent("permission.decided", session.id, done)])
+            sizes.append(ledger._wal_pages)
+        starts = [index for index in range(1, 1000) if sizes[index] < sizes[index - 1]]
+        assert len(starts) >= 2 and max(sizes) < 4 * 1000 + 20, (starts, max(sizes))
