@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import signal
 import threading
 import time
+import traceback
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -290,3 +292,37 @@ async def test_a_wal_that_commits_never_let_start_again_is_checkpointed_by_a_com
             sizes.append(ledger._wal_pages)
         starts = [index for index in range(1, 1000) if sizes[index] < sizes[index - 1]]
         assert len(starts) >= 2 and max(sizes) < 4 * 1000 + 20, (starts, max(sizes))
+
+
+def test_a_ctrl_c_during_a_commit_on_the_loop_lets_it_finish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a worker thread nothing could cut a commit short; on the loop's thread a
+    Ctrl-C waits for its end, then stops the run as any Ctrl-C does."""
+    commit = Ledger._commit
+
+    def interrupted(self: Ledger, batch: Any) -> Any:
+        signal.raise_signal(signal.SIGINT)  # as a user's Ctrl-C, in the middle
+        return commit(self, batch)
+
+    path = tmp_path / "ledger.db"
+    session = _session(status="busy")
+
+    async def main() -> None:
+        async with _running(Ledger(path)) as ledger:
+            await ledger.write([NewEvent.of("session.created", session.id, session)])
+            monkeypatch.setattr(Ledger, "_commit", interrupted)
+            await ledger.write(_step(session, 1))
+            await trio.sleep(1)
+
+    with pytest.raises(BaseException) as caught:  # a KeyboardInterrupt, in a group or not
+        trio.run(main)
+    error = caught.value
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    assert isinstance(error, KeyboardInterrupt)
+    assert "sleep" in "".join(traceback.format_tb(error.__traceback__))  # not in _commit
+    monkeypatch.undo()
+    reopened = Ledger(path, read_only=True)
+    assert [m.info.id for m in reopened.messages(session.id)] == ["msg_0001"]
+    reopened.close()

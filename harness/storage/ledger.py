@@ -271,8 +271,15 @@ class Ledger(LedgerPort):
             if self._wal_pages >= _WAL_PAGES_MOST:
                 return await on_worker_thread(lambda: self._commit_and_checkpoint(batch))
             if _small(batch):
-                return self._commit(batch)
+                return self._commit_on_loop(batch)
         return await super()._run_commit(batch)
+
+    @trio.lowlevel.enable_ki_protection
+    def _commit_on_loop(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerRefused]:
+        """``_commit``, where a Ctrl-C waits for its end (Trio then raises it in the main
+        task): on a worker thread it could not cut a commit short, and it must not here
+        either, or the writer would die with its batch neither answered nor known lost."""
+        return self._commit(batch)
 
     def _commit_and_checkpoint(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerRefused]:
         """A commit, then a checkpoint on the write connection, as SQLite's own
