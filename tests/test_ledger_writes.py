@@ -280,8 +280,8 @@ async def test_the_wal_is_checkpointed_off_the_event_loop_and_starts_again(
 async def test_a_wal_that_commits_never_let_start_again_is_checkpointed_by_a_commit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Commits that never pause may keep every checkpoint beside them from copying the
-    whole WAL: past its bound the next commit checkpoints it itself, as SQLite did."""
+    """Commits that never pause keep every checkpoint beside them from copying the whole
+    WAL: the commit after each one checkpoints the rest itself, as SQLite's own did."""
     session = _session(status="busy")
     async with _running(Ledger(tmp_path / "ledger.db")) as ledger:
         await ledger.write([NewEvent.of("session.created", session.id, session)])
@@ -291,7 +291,9 @@ async def test_a_wal_that_commits_never_let_start_again_is_checkpointed_by_a_com
             await ledger.write([NewEvent("permission.decided", session.id, done)])
             sizes.append(ledger._wal_pages)
         starts = [index for index in range(1, 1000) if sizes[index] < sizes[index - 1]]
-        assert len(starts) >= 2 and max(sizes) < 4 * 1000 + 20, (starts, max(sizes))
+        # The commit after each checkpoint copies what came during it: the WAL starts
+        # again about as often as SQLite's own auto-checkpoint would let it.
+        assert len(starts) >= 5 and max(sizes) < 2 * 1000, (starts, max(sizes))
 
 
 def test_a_ctrl_c_during_a_commit_on_the_loop_lets_it_finish(

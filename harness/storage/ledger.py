@@ -134,6 +134,7 @@ class Ledger(LedgerPort):
         self._checkpointing = threading.Lock()  # held while one runs; close() waits on it
         self._wal_pages = 0  # the WAL's size after the last commit, and at the last
         self._checkpoint_mark = 0  # checkpoint's start (0 after the WAL restarted)
+        self._catch_up = False  # commits came during the last one (``_checkpoint``)
         try:
             if read_only:
                 self._read = self._write = self._connect_read_only(path)
@@ -229,7 +230,7 @@ class Ledger(LedgerPort):
         checkpoint starts on a worker thread, unless one runs. It copies the WAL into
         the database while commits go on; if none came while it ran (a step's wait for
         its model is longer), the next commit starts the WAL again from its beginning,
-        else ``_commit_and_checkpoint`` does past ``_WAL_PAGES_MOST``."""
+        else the next commit catches up (``_commit_and_checkpoint``)."""
         if pages < self._wal_pages:
             self._checkpoint_mark = 0  # the WAL started again
         self._wal_pages = pages
@@ -243,10 +244,15 @@ class Ledger(LedgerPort):
     def _checkpoint(self) -> None:
         """On a worker thread, holding ``_checkpointing``: one checkpoint, on a
         connection of its own (a connection serves one thread at a time)."""
+        # Unless it copied the whole WAL (no commit came while it ran, as when a step
+        # waits for its model), the next commit copies the rest itself, so that the WAL
+        # starts again: also after a checkpoint that failed.
+        self._catch_up = True
         try:
             if self._checkpoints is None:
                 self._checkpoints = self._connect(self.path)
-            self._checkpoints.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
+            _, copied = self._checkpoints.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
+            self._catch_up = self._wal_pages > copied
         finally:
             self._checkpointing.release()
 
@@ -268,7 +274,7 @@ class Ledger(LedgerPort):
         """A step's batch on the event loop's thread; a large one, one with file contents
         (compressed here) or one that syncs to disk on a worker thread."""
         if self._inline:
-            if self._wal_pages >= _WAL_PAGES_MOST:
+            if self._catch_up or self._wal_pages >= _WAL_PAGES_MOST:
                 return await on_worker_thread(lambda: self._commit_and_checkpoint(batch))
             if _small(batch):
                 return self._commit_on_loop(batch)
@@ -283,11 +289,14 @@ class Ledger(LedgerPort):
 
     def _commit_and_checkpoint(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerRefused]:
         """A commit, then a checkpoint on the write connection, as SQLite's own
-        auto-checkpoint makes: commits that never pause (a busy daemon's) would keep
-        every checkpoint made beside them from copying the whole WAL, and the WAL from
-        starting again. No commit comes between this one and its checkpoint."""
+        auto-checkpoint makes, on a worker thread: commits that never pause (a busy
+        daemon's, a zero-latency benchmark's) would keep every checkpoint made beside
+        them from copying the whole WAL, and the WAL from starting again. No commit
+        comes between this one and its checkpoint, which copies only what came during
+        the last one (or everything, past ``_WAL_PAGES_MOST``: none could run)."""
         committed = self._commit(batch)
         with self._checkpointing:  # after the one under way, if any
+            self._catch_up = False
             try:
                 self._write.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
             except apsw.Error as error:  # committed all the same: the next one copies it
@@ -350,6 +359,8 @@ def _checkpointed(result: outcome.Outcome[None]) -> None:
     busy; a full disk) is left for the next one, which copies the same pages."""
     if isinstance(result, outcome.Error):
         log.debug("wal checkpoint failed", error=str(result.error))
+
+
 # A session's row when its status and parent stay as they were (every step's
 # session.updated): the upsert of projections.py also rewrites their two index
 # entries, two pages more in every commit's WAL frames (~20 a step).
