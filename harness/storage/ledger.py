@@ -134,7 +134,8 @@ class Ledger(LedgerPort):
         self._checkpointing = threading.Lock()  # held while one runs; close() waits on it
         self._wal_pages = 0  # the WAL's size after the last commit, and at the last
         self._checkpoint_mark = 0  # checkpoint's start (0 after the WAL restarted)
-        self._catch_up = False  # commits came during the last one (``_checkpoint``)
+        self._copied = 0  # the WAL frames the last checkpoint copied (-1: it failed)
+        self._catch_up = False  # it could not copy them all: the next commit does
         try:
             if read_only:
                 self._read = self._write = self._connect_read_only(path)
@@ -228,31 +229,33 @@ class Ledger(LedgerPort):
         """After each commit (SQLite's WAL hook), the WAL holding ``pages`` pages: every
         ``_CHECKPOINT_PAGES`` more (SQLite's own auto-checkpoint interval) a PASSIVE
         checkpoint starts on a worker thread, unless one runs. It copies the WAL into
-        the database while commits go on; if none came while it ran (a step's wait for
-        its model is longer), the next commit starts the WAL again from its beginning,
-        else the next commit catches up (``_commit_and_checkpoint``)."""
+        the database while commits go on. If none came while it ran (a step's wait for
+        its model is longer), the next commit starts the WAL again from its beginning;
+        else the commit after this one copies the rest itself (``_catch_up``)."""
         if pages < self._wal_pages:
             self._checkpoint_mark = 0  # the WAL started again
         self._wal_pages = pages
-        if pages - self._checkpoint_mark >= _CHECKPOINT_PAGES and self._checkpointing.acquire(
-            blocking=False
-        ):
+        if not self._checkpointing.acquire(blocking=False):
+            return apsw.SQLITE_OK  # one runs: the commits after it look again
+        if pages - self._checkpoint_mark >= _CHECKPOINT_PAGES:
             self._checkpoint_mark = pages
-            trio.lowlevel.start_thread_soon(self._checkpoint, _checkpointed)
+            trio.lowlevel.start_thread_soon(self._checkpoint, _checkpointed)  # it releases
+            return apsw.SQLITE_OK
+        if self._checkpoint_mark and self._copied < pages:
+            self._catch_up = True  # the last one could not copy it all (or failed)
+        self._checkpointing.release()
         return apsw.SQLITE_OK
 
     def _checkpoint(self) -> None:
         """On a worker thread, holding ``_checkpointing``: one checkpoint, on a
         connection of its own (a connection serves one thread at a time)."""
-        # Unless it copied the whole WAL (no commit came while it ran, as when a step
-        # waits for its model), the next commit copies the rest itself, so that the WAL
-        # starts again: also after a checkpoint that failed.
-        self._catch_up = True
+        self._copied = -1
         try:
             if self._checkpoints is None:
                 self._checkpoints = self._connect(self.path)
-            _, copied = self._checkpoints.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
-            self._catch_up = self._wal_pages > copied
+            _, self._copied = self._checkpoints.wal_checkpoint(
+                mode=apsw.SQLITE_CHECKPOINT_PASSIVE
+            )
         finally:
             self._checkpointing.release()
 
@@ -298,7 +301,7 @@ class Ledger(LedgerPort):
         with self._checkpointing:  # after the one under way, if any
             self._catch_up = False
             try:
-                self._write.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
+                _, self._copied = self._write.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
             except apsw.Error as error:  # committed all the same: the next one copies it
                 log.debug("wal checkpoint failed", error=str(error))
         return committed
