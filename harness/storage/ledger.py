@@ -237,12 +237,13 @@ class Ledger(LedgerPort):
         self._wal_pages = pages
         if not self._checkpointing.acquire(blocking=False):
             return apsw.SQLITE_OK  # one runs: the commits after it look again
-        if pages - self._checkpoint_mark >= _CHECKPOINT_PAGES:
+        if self._checkpoint_mark and self._copied < pages:
+            # The last one could not copy it all (or failed): before another starts.
+            self._catch_up = True
+        elif pages - self._checkpoint_mark >= _CHECKPOINT_PAGES:
             self._checkpoint_mark = pages
             trio.lowlevel.start_thread_soon(self._checkpoint, _checkpointed)  # it releases
             return apsw.SQLITE_OK
-        if self._checkpoint_mark and self._copied < pages:
-            self._catch_up = True  # the last one could not copy it all (or failed)
         self._checkpointing.release()
         return apsw.SQLITE_OK
 
