@@ -59,7 +59,7 @@ Growth survey (``--phases``)
     thread CPU to the step they ran in: build history (``History.sync`` and ``.chat``),
     estimate (``Runner._estimate``), encode (``WireCache.body``), stream parse
     (``SSEDecoder.feed`` and Mistral's chunk validation), ledger writes (``Ledger._commit``,
-    in the writer thread); "everything else" is the whole step minus those. Per step in
+    on the thread it ran on); "everything else" is the whole step minus those. Per step in
     steps 1–20 of 20-step runs and steps 181–200 of 200-step runs, best of the runs; then
     what ``show`` and a full event replay cost once the run is over. Written to
     ``benchmarks/results/loop-phases.json``.
@@ -303,8 +303,8 @@ def install_phase_probes(step_of: Any) -> dict[str, list[float]]:
     """Wrap each phase's functions to add their CPU (of the calling thread) to its step.
 
     The step is the number of model requests made so far, so a step's figure covers its
-    tool call, its writes and the building of the next request. The ledger commits run in
-    a worker thread: ``thread_time`` is that thread's CPU.
+    tool call, its writes and the building of the next request. A ledger commit runs on the
+    event loop's thread or a worker thread: ``thread_time`` is the CPU of the one it ran on.
     """
     import importlib
 

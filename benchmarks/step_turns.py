@@ -51,16 +51,18 @@ class _Counts:
     def install(self) -> None:
         import trio
 
-        from harness.storage.port import LedgerPort
+        from harness.storage.ledger import Ledger
 
         counts = self
-        commit = LedgerPort._run_commit
+        # The backend's own commit, on whichever thread it runs (a step's on the loop's
+        # since the ninth pass; a worker thread's before: ``_run_commit``).
+        commit = Ledger._commit
 
-        async def counted(port: LedgerPort, batch: list[Any]) -> Any:
+        def counted(port: Ledger, batch: list[Any]) -> Any:
             counts.commits += 1
-            return await commit(port, batch)
+            return commit(port, batch)
 
-        LedgerPort._run_commit = counted  # type: ignore[method-assign]
+        Ledger._commit = counted  # type: ignore[method-assign]
 
         class Rounds(trio.abc.Instrument):
             def after_io_wait(self, timeout: float) -> None:

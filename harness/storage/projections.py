@@ -30,7 +30,7 @@ _REPLACE_CHANGE = (
 )
 
 
-def _upsert_session(execute: Execute, seq: int, data: dict[str, Any], text: str) -> None:
+def upsert_session(execute: Execute, seq: int, data: dict[str, Any], text: str) -> None:
     execute(
         "INSERT INTO sessions(id, parent_id, status, updated, seq, data) VALUES (?, ?, ?, ?, ?, ?)"
         " ON CONFLICT(id) DO UPDATE SET parent_id=excluded.parent_id, status=excluded.status,"
@@ -48,25 +48,45 @@ def _delete_session(execute: Execute, seq: int, data: dict[str, Any], text: str)
     execute("DELETE FROM sessions WHERE id = ?", (session_id,))
 
 
+_MESSAGE_UPSERT = (
+    "INSERT INTO messages(id, session_id, role, seq, created_seq, data)"
+    " VALUES (?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT(id) DO UPDATE SET seq=excluded.seq, data=excluded.data"
+)
+_PART_UPSERT = (
+    "INSERT INTO parts(id, session_id, message_id, type, status, seq, data)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT(id) DO UPDATE SET status=excluded.status, seq=excluded.seq,"
+    " data=excluded.data"
+)
+
+
+def _message_row(
+    execute: Execute, first_seq: int, first: dict[str, Any], seq: int, text: str
+) -> None:
+    """A message's row as of its event at ``seq`` (``text``), when the first event of it
+    in the transaction was ``first`` at ``first_seq``: what a new row takes from its
+    first event (its session, role and place) and what it takes from its last."""
+    row = (first["id"], first["session_id"], first["role"], seq, first_seq, text)
+    execute(_MESSAGE_UPSERT, row)
+
+
+def _part_row(
+    execute: Execute, first: dict[str, Any], seq: int, data: dict[str, Any], text: str
+) -> None:
+    """A part's row as of its event at ``seq`` (``data``), ``first`` as for messages."""
+    state = data.get("state")
+    status = state.get("status") if isinstance(state, dict) else None
+    row = (first["id"], first["session_id"], first["message_id"], first["type"], status, seq, text)
+    execute(_PART_UPSERT, row)
+
+
 def _upsert_message(execute: Execute, seq: int, data: dict[str, Any], text: str) -> None:
-    execute(
-        "INSERT INTO messages(id, session_id, role, seq, created_seq, data)"
-        " VALUES (?, ?, ?, ?, ?, ?)"
-        " ON CONFLICT(id) DO UPDATE SET seq=excluded.seq, data=excluded.data",
-        (data["id"], data["session_id"], data["role"], seq, seq, text),
-    )
+    _message_row(execute, seq, data, seq, text)
 
 
 def _upsert_part(execute: Execute, seq: int, data: dict[str, Any], text: str) -> None:
-    state = data.get("state")
-    status = state.get("status") if isinstance(state, dict) else None
-    execute(
-        "INSERT INTO parts(id, session_id, message_id, type, status, seq, data)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?)"
-        " ON CONFLICT(id) DO UPDATE SET status=excluded.status, seq=excluded.seq,"
-        " data=excluded.data",
-        (data["id"], data["session_id"], data["message_id"], data["type"], status, seq, text),
-    )
+    _part_row(execute, data, seq, data, text)
 
 
 def _add_inbox(execute: Execute, seq: int, data: dict[str, Any], text: str) -> None:
@@ -161,8 +181,8 @@ def _set_todos(execute: Execute, seq: int, data: dict[str, Any], text: str) -> N
 Projection = Callable[[Execute, int, dict[str, Any], str], None]
 
 PROJECTIONS: Final[dict[EventType, Projection]] = {
-    "session.created": _upsert_session,
-    "session.updated": _upsert_session,
+    "session.created": upsert_session,
+    "session.updated": upsert_session,
     "session.deleted": _delete_session,
     "session.reverted": _reverted,
     "file.snapshot": _snapshot_files,
@@ -179,3 +199,74 @@ PROJECTIONS: Final[dict[EventType, Projection]] = {
     "turn.finished": _release_turn,
     "todo.updated": _set_todos,
 }
+
+
+# The projected types whose statements touch neither messages nor parts: a message or
+# part row held back by ``LastRows`` may be written after theirs.
+_APART_FROM_ROWS: Final = frozenset(
+    (
+        "session.created",
+        "session.updated",
+        "session.reverted",
+        "file.snapshot",
+        "file.changed",
+        "inbox.added",
+        "inbox.taken",
+        "approval.added",
+        "turn.started",
+        "turn.resumed",
+        "turn.finished",
+        "todo.updated",
+    )
+)
+_ROW_TYPES: Final = frozenset(
+    ("message.created", "message.updated", "part.created", "part.updated")
+)
+
+
+class LastRows:
+    """The projections of a transaction's events, with each message and part row written
+    once, as of its last event in the transaction.
+
+    A step's events upsert the same rows several times in one commit (its assistant
+    message created then updated; its tool part pending, running, completed): the
+    rows after the commit are those of their last upserts, so only those are made (a
+    ``read`` step: 8 statements → 5). The events themselves are all appended, as
+    before. A row held back is written before any projection that could touch the
+    messages or parts tables (a session's deletion), and at ``flush``, before the
+    commit: no read inside the transaction sees them missing.
+    """
+
+    __slots__ = ("_projections", "_rows")
+
+    def __init__(self, projections: dict[EventType, Projection] | None = None) -> None:
+        self._projections = PROJECTIONS if projections is None else projections
+        # (table, id) -> [first seq, first data, last seq, last data, last text]
+        self._rows: dict[tuple[str, str], list[Any]] = {}
+
+    def apply(
+        self, execute: Execute, kind: EventType, seq: int, data: dict[str, Any], text: str
+    ) -> None:
+        if kind in _ROW_TYPES:
+            key = (kind[0], data["id"])  # "m" or "p"
+            row = self._rows.get(key)
+            if row is None:
+                self._rows[key] = [seq, data, seq, data, text]
+            else:
+                row[2:] = (seq, data, text)
+            return
+        project = self._projections.get(kind)
+        if project is None:
+            return
+        if kind not in _APART_FROM_ROWS:
+            self.flush(execute)
+        project(execute, seq, data, text)
+
+    def flush(self, execute: Execute) -> None:
+        """Write the rows held back, in the order their first events came."""
+        for (table, _), (first_seq, first, seq, data, text) in self._rows.items():
+            if table == "m":
+                _message_row(execute, first_seq, first, seq, text)
+            else:
+                _part_row(execute, first, seq, data, text)
+        self._rows.clear()
