@@ -221,3 +221,33 @@ async def test_the_turn_gate_measures_the_loop_only_when_it_is_on() -> None:
                 nursery.cancel_scope.cancel()
     finally:
         trio.lowlevel.add_instrument = real_add  # type: ignore[assignment]
+
+
+# How a hostile model may spell a path the rules deny: each must stay denied now that
+# the executor answers the rules' own decisions, with --yes on (it answers asks only).
+_DENIED_SPELLINGS = [
+    "notes.txt",
+    "./notes.txt",
+    "sub/../notes.txt",
+    "sub/.//../notes.txt",
+    "{project}/notes.txt",
+    "{project}/sub/../notes.txt",
+    "alias.txt",  # a symlink to notes.txt: the rule is on the file it names
+]
+
+
+@pytest.mark.parametrize("spelling", _DENIED_SPELLINGS)
+async def test_a_path_the_rules_deny_stays_denied_in_the_executor_whatever_its_spelling(
+    tmp_path: Path, project: Path, spelling: str
+) -> None:
+    (project / "sub").mkdir(exist_ok=True)
+    alias = project / "alias.txt"
+    if not alias.exists():
+        alias.symlink_to(project / "notes.txt")
+    deny = [Rule(permission="read", pattern="*/notes.txt", action="deny")]
+    path = spelling.format(project=project)
+    reason, permission_steps, decided = await _turn(
+        tmp_path / "home", project, [_read(path), {"text": "no"}], rules=deny, yes=True
+    )
+    assert reason == "denied" and permission_steps == 0
+    assert [(d["allowed"], d["source"]) for d in decided] == [(False, "rule")]
