@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from task_steps import TaskSteps
 
 from harness.messages.events import Event, NewEvent, wait_turn_finished
 from harness.messages.mailbox import ask
@@ -85,21 +86,11 @@ async def test_an_ask_into_a_mailbox_with_room_waits_only_for_the_answer() -> No
         nursery.cancel_scope.cancel()
 
 
-class _ByName(trio.abc.Instrument):
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.count = 0
-
-    def before_task_step(self, task: trio.lowlevel.Task) -> None:
-        if task.name.endswith(self.name):
-            self.count += 1
-
-
 async def test_posts_queue_without_waking_the_writer_and_a_flush_ends_the_wait(
     tmp_path: Path,
 ) -> None:
     ledger = Ledger(tmp_path / "ledger.db", post_delay=5.0)  # a wait only a flush can end
-    writer = _ByName("run_writer")
+    writer = TaskSteps("run_writer")
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ledger.run_writer, None)
         await trio.testing.wait_all_tasks_blocked()

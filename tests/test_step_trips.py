@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import trio
+from task_steps import TaskSteps
 
 from harness.actors.admission import LoopLoad, TurnGate
 from harness.config import Config
@@ -22,18 +23,6 @@ from harness.messages.model import Rule, TextPart
 from harness.providers.scripted import ScriptedProvider
 from harness.runtime import open_harness
 from harness.storage.ledger import Ledger
-
-
-class _TaskSteps(trio.abc.Instrument):
-    """How many times tasks whose name ends with ``name`` were scheduled."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.count = 0
-
-    def before_task_step(self, task: trio.lowlevel.Task) -> None:
-        if task.name.endswith(self.name):
-            self.count += 1
 
 
 def _read(path: str) -> dict[str, Any]:
@@ -53,7 +42,7 @@ async def _turn(
         interactive=False,
         **config,
     )
-    steps = _TaskSteps("Permission.run")
+    steps = TaskSteps("Permission.run")
     async with open_harness(cfg) as h:
         session = await h.create_session(project)
         await trio.testing.wait_all_tasks_blocked()
