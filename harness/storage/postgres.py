@@ -514,10 +514,12 @@ class _Statements:
             return
         self.add(sql, args)
 
-    def add(self, sql: str, args: Sequence[Any]) -> None:
+    def add(self, sql: str, args: Sequence[Any]) -> int:
+        """Add a statement; its position among the query's result sets."""
         if self._pending and _ordered(sql):
             self._flush()
         self._statements.append((_pieces(_pg(sql)), args))
+        return len(self._statements) - 1
 
     def add_rows(self, sql: str, rows: Sequence[tuple[Any, ...]]) -> None:
         """One statement of ``rows`` rows, for a table no upsert here touches."""
@@ -956,15 +958,16 @@ class PostgresLedger(LedgerPort):
         fenced = sorted({request.fence for request in batch if request.fence is not None})
         sessions = [session_id for session_id, _ in fenced]
         epochs = [epoch for _, epoch in fenced]
-        writes.add(_BEGIN_IN_ONE, (self._append_key, sessions, epochs, owner, required))
-        base_at = len(writes._statements) - 1
+        base_at = writes.add(
+            _BEGIN_IN_ONE, (self._append_key, sessions, epochs, owner, required)
+        )
         lease = self.lease_seconds
         claim_at: dict[str, int] = {}
         for session_id in claims:
-            writes.add(_CLAIM_WITH_PROMPT_IN_ONE, (session_id, owner, lease, session_id,
-                                                   session_id, owner, owner, lease, owner,
-                                                   owner))  # fmt: skip
-            claim_at[session_id] = len(writes._statements) - 1
+            claim_at[session_id] = writes.add(
+                _CLAIM_WITH_PROMPT_IN_ONE, (session_id, owner, lease, session_id, session_id,
+                                            owner, owner, lease, owner, owner)
+            )  # fmt: skip
         stored_blobs = self._stored_blobs
         sent: list[str] = []
         offset = 0
@@ -1001,8 +1004,7 @@ class PostgresLedger(LedgerPort):
             # for every claim sent, kept for those that took their lease.
             positions = reads_at[session_id] = []
             for sql, count in _CLAIM_READS:
-                writes.add(sql, (session_id,) * count)
-                positions.append(len(writes._statements) - 1)
+                positions.append(writes.add(sql, (session_id,) * count))
 
         def landed(
             conn: psycopg.Connection[tuple[Any, ...]], base: int
@@ -1220,8 +1222,7 @@ class PostgresLedger(LedgerPort):
                 # round trip, each read in a transaction of its own after the commit:
                 # not under the append lock, which every daemon's commits wait for.
                 for sql, count in _CLAIM_READS:
-                    writes.add(sql, (session_id,) * count)
-                    positions.append(len(writes._statements) - 1)
+                    positions.append(writes.add(sql, (session_id,) * count))
             if rows:
                 # Before the commit, while the lock keeps every other daemon from these
                 # seqs: the tail may read them back before this thread returns.
