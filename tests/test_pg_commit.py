@@ -45,6 +45,24 @@ def round_trips(ledger: PostgresLedger) -> Iterator[list[int]]:
             )
 
 
+@contextmanager
+def sent_queries(ledger: PostgresLedger) -> Iterator[list[str]]:
+    """The text of the simple queries the writer's connection sends meanwhile."""
+    from psycopg.pq import Trace
+
+    sent: list[str] = []
+    pgconn = ledger._write.pgconn
+    with tempfile.TemporaryFile("w+", errors="replace") as trace:
+        pgconn.trace(trace.fileno())
+        pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            yield sent
+        finally:
+            pgconn.untrace()
+            trace.seek(0)
+            sent.extend(line for line in trace if line.startswith("F") and "\tQuery\t" in line)
+
+
 def _inbox(session_id: str, item_id: str) -> NewEvent:
     item = {"id": item_id, "session_id": session_id, "text": "hi", "delivery": "queue",
             "created": 1.0}  # fmt: skip
@@ -262,3 +280,49 @@ async def test_a_commit_whose_server_was_away_a_while_is_looked_up_not_sent_twic
         await a.write([_titled("ses_a", "next")])
         assert [(e.seq, e.data.get("title")) for e in a.events_after(1)] == [
             (2, "once"), (3, "next")]  # fmt: skip
+
+
+# Text an array literal must carry as is: its own syntax, SQL's quote, escapes, the word
+# NULL, white space, non-ASCII. Each is a session title, so it goes through the events
+# INSERT and the sessions upsert of one commit.
+_AWKWARD_TITLES = [
+    "", "NULL", "null", '"', "\\", "\\\\", "'", "''", "{", "}", "{a,b}", ",", " lead", "trail ",
+    "a\"b\\c'd", "\\N", "tab\there", "new\nline", "crlf\r\n", "é ü 漢字 🚀", "\\x00 as text",
+    "E'x'", "$$dollar$$", "');DROP TABLE events;--", "\u2028\u2029", "\x7f\x01",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("arrays", ["on", "off"])
+async def test_awkward_text_is_stored_exactly_as_arrays_and_as_values(
+    postgres_schema: str, arrays: str
+) -> None:
+    """Every row of a commit goes as one array a column (``on``), or as ``VALUES`` where
+    the connection's string literals would bend backslashes (``off``): either way, what
+    is read back is what was written, byte for byte."""
+    async with daemon(postgres_schema) as a:
+        a._write.execute(f"SET standard_conforming_strings = {arrays}")
+        await a.write([_created("ses_t")])
+        titles = [f"{index}:{title}" for index, title in enumerate(_AWKWARD_TITLES)]
+        with sent_queries(a) as queries:
+            written = await a.write([_titled("ses_t", title) for title in titles])
+        assert ("FROM unnest(" in queries[0]) is (arrays == "on")
+        assert [event.data["title"] for event in written] == titles
+        stored = [e.data.get("title") for e in a.events_after(0, session_ids=["ses_t"])]
+        assert stored == ["", *titles]
+        session = a.session("ses_t")
+        assert session is not None and session.title == titles[-1]
+
+
+def test_columns_that_cannot_be_arrays_are_left_to_values() -> None:
+    from harness.storage.pg_arrays import SeqOffset, unnest_insert
+
+    sql = "INSERT INTO t(a, b) VALUES (?, ?)"
+    assert unnest_insert(sql, [(SeqOffset(1), "x"), (2, "y")]) is None  # offsets and seqs
+    assert unnest_insert(sql, [(1, "x"), (None, "y")]) is None  # a NULL number
+    assert unnest_insert(sql, [(True, "x")]) is None  # a type not rendered here
+    assert unnest_insert(sql, [(1, "a\x00b")]) is None  # libpq would cut the query
+    assert unnest_insert(sql, [(1, "\udc80")]) is None  # not UTF-8
+    made = unnest_insert(sql + " ON CONFLICT(a) DO NOTHING", [(SeqOffset(1), None)])
+    assert made is not None
+    assert made.startswith(b"INSERT INTO t(a, b) SELECT base.b + u.c0, u.c1 FROM unnest(")
+    assert made.endswith(b" ON CONFLICT(a) DO NOTHING")

@@ -44,6 +44,7 @@ from harness.messages.events import Event, NewEvent
 from harness.messages.mailbox import FeedMessage, Publish, RegisterChild, WriteEvents
 from harness.messages.model import InboxItem, Message, Part, Session
 from harness.storage.ledger import stored_text
+from harness.storage.pg_arrays import SeqOffset, unnest_insert
 from harness.storage.pg_live import LiveRelay
 from harness.storage.pg_schema import PG_MIGRATIONS, PG_SCHEMA_VERSION
 from harness.storage.port import (
@@ -144,14 +145,6 @@ class _Assumed(Exception):
     wrote nothing, and is made again in two."""
 
 
-class _Seq(int):
-    """A seq of a commit in one round trip, as its offset in the commit (1 for the
-    first event): rendered as SQL that adds it to the ``max(seq)`` read under the
-    append lock (``_BEGIN_IN_ONE``)."""
-
-    __slots__ = ()
-
-
 # What a commit in one round trip assumed and found untrue, by the SQLSTATE its
 # statement raised (``harness_refuse``, PG_MIGRATIONS[2]).
 _REFUSALS = {
@@ -160,7 +153,7 @@ _REFUSALS = {
     "HX003": "a prompt's claim takes the lease from another daemon",
 }
 # A commit in one round trip's head (PG_MIGRATIONS[2]): the lock, its checks, and the
-# max(seq) its seqs are numbered from, which it answers with; each ``_Seq`` adds its
+# max(seq) its seqs are numbered from, which it answers with; each ``SeqOffset`` adds its
 # offset to it.
 _BEGIN_IN_ONE = (
     "SELECT harness_append_begin(?, CAST(? AS TEXT[]), CAST(? AS BIGINT[]), ?,"
@@ -494,7 +487,9 @@ class _Statements:
     __slots__ = ("_pending", "_statements")
 
     def __init__(self) -> None:
-        self._statements: list[tuple[tuple[bytes, ...], Sequence[Any]]] = []
+        # A statement cut at its placeholders and its values; or None and (the SQL of
+        # one VALUES row, the rows) for ``add_rows``.
+        self._statements: list[tuple[tuple[bytes, ...] | None, Sequence[Any]]] = []
         # Upsert statement -> id -> the row to write, in the order the ids came.
         self._pending: dict[str, dict[Any, tuple[Any, ...]]] = {}
 
@@ -522,22 +517,39 @@ class _Statements:
         return len(self._statements) - 1
 
     def add_rows(self, sql: str, rows: Sequence[tuple[Any, ...]]) -> None:
-        """One statement of ``rows`` rows, for a table no upsert here touches."""
-        values = [value for row in rows for value in row]
-        self._statements.append((_pieces(_multi_row(sql, len(rows))), values))
+        """One statement of ``rows`` rows (``sql`` has one ``VALUES`` row), for a table
+        no upsert here touches: as column arrays (harness/storage/pg_arrays.py) where
+        the connection allows, else ``VALUES``, decided when the query is made."""
+        self._statements.append((None, (sql, rows)))
 
     def query(self, conn: psycopg.Connection[tuple[Any, ...]]) -> bytes:
         from psycopg.adapt import Transformer
 
         self._flush()
         literal = Transformer(conn).as_literal
+        # Backslashes in an array literal's text must reach the array parser as written,
+        # and its text is encoded here.
+        arrays = (
+            conn.info.parameter_status("standard_conforming_strings") == "on"
+            and conn.info.encoding == "utf-8"
+        )
         out: list[bytes] = []
-        for pieces, args in self._statements:
+        for statement, args in self._statements:
+            if statement is None:
+                sql, rows = args
+                unnested = unnest_insert(sql, rows) if arrays else None
+                if unnested is not None:
+                    out += (unnested, b"; ")
+                    continue
+                pieces = _pieces(_multi_row(sql, len(rows)))
+                args = [value for row in rows for value in row]
+            else:
+                pieces = statement
             if len(pieces) != len(args) + 1:
                 raise LedgerError(f"{len(args)} values for {b'?'.join(pieces).decode()}")
             out.append(pieces[0])
             for value, piece in zip(args, pieces[1:], strict=True):
-                out.append(_SEQ_SQL % value if type(value) is _Seq else literal(value))
+                out.append(_SEQ_SQL % value if type(value) is SeqOffset else literal(value))
                 out.append(piece)
             out.append(b"; ")
         return b"".join(out)
@@ -944,7 +956,7 @@ class PostgresLedger(LedgerPort):
         checked under the lock by a statement that, finding one untrue, aborts the
         transaction with its own SQLSTATE (``_REFUSALS``): nothing is written, and
         ``_Assumed`` tells ``_append`` to decide request by request in two round trips.
-        The seqs are numbered in SQL from ``max(seq)`` (``_Seq``); the results, once
+        The seqs are numbered in SQL from ``max(seq)`` (``SeqOffset``); the results, once
         its answer gives that number. Under load, each round trip of the writer waited
         for a PostgreSQL backend and the worker thread to be scheduled again, on every
         step's critical path (issue 18).
@@ -984,7 +996,7 @@ class PostgresLedger(LedgerPort):
             for new in request.events:
                 stored, text = stored_text(new.data)
                 offset += 1
-                seq = _Seq(offset)
+                seq = SeqOffset(offset)
                 rows.append((seq, now, new.session_id, new.type, text))
                 project = PROJECTIONS.get(new.type)
                 if project is not None:
@@ -995,7 +1007,7 @@ class PostgresLedger(LedgerPort):
             writes.add_rows(_EVENT_INSERT, rows)
             # Delivered by the server at commit, as in two round trips (``_append_in_two``).
             handed = any(row[3] in _HANDED_OVER_TYPES for row in rows)
-            notice = (self.channel, _Seq(1), _Seq(offset), "!" if handed else "")
+            notice = (self.channel, SeqOffset(1), SeqOffset(offset), "!" if handed else "")
             writes.add(_NOTIFY_IN_ONE, notice)
         writes.add("COMMIT", ())
         reads_at: dict[str, list[int]] = {}
