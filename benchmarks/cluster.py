@@ -14,7 +14,10 @@ a small file (three in rotation), then a final text. The prompts are sent from
 
 steps/s
     Assistant steps committed per second of wall time, from the first prompt to the last
-    turn finished.
+    turn finished; and *steady*, the same while every session is at work (from the last
+    prompt answered to the first session's last step: no ramp up or down), the throughput
+    that saturation means. Steady needs turns long enough to have such a window (at a
+    0.02 s latency, ``--steps 100``).
 step overhead
     Per step: (start of the next step − start of this one) − latency, from the steps'
     ``created`` times in the ledger: context, tool, ledger writes and scheduling.
@@ -65,6 +68,24 @@ def percentile(values: list[float], q: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def steady_rate(
+    by_session: dict[str, list[float]], prompts_done: float, killed_at: float | None
+) -> float | None:
+    """Steps a second while every session is at work: from the last prompt answered to
+    the first session's last step, so neither the prompting's ramp (where a busy daemon
+    also takes in prompts, turn starts and claims) nor the tail (sessions done, the others
+    no longer contending) is in the figure. None when that window is under a second (too
+    few steps a session to have one) or a daemon was killed in it.
+    """
+    end = min((starts[-1] for starts in by_session.values() if starts), default=0.0)
+    if end - prompts_done < 1.0 or (killed_at is not None and killed_at < end):
+        return None
+    inside = sum(
+        1 for starts in by_session.values() for at in starts if prompts_done <= at < end
+    )
+    return round(inside / (end - prompts_done), 1)
 
 
 def with_schema(url: str, schema: str) -> str:
@@ -221,6 +242,7 @@ def run(url: str, daemons: int, args: argparse.Namespace, work: Path) -> dict[st
             if earlier >= prompts_done and (killed_at is None or not (earlier < killed_at < later))
         ]
         total_steps = len(messages)
+        steady = steady_rate(by_session, prompts_done, killed_at)
         claim_ms = [(json.loads(data)["started"] - ts) * 1000 for ts, data in claims]
         result: dict[str, Any] = {
             "daemons": daemons,
@@ -229,6 +251,7 @@ def run(url: str, daemons: int, args: argparse.Namespace, work: Path) -> dict[st
             "wall_s": round(wall, 2),
             "prompting_s": round(prompted, 2),
             "steps_per_s": round(total_steps / wall, 1),
+            "steady_steps_per_s": steady,
             "step_overhead_ms_p50": round(percentile(overhead, 0.5), 1),
             "step_overhead_ms_p99": round(percentile(overhead, 0.99), 1),
             "step_overhead_ms_p50_p99_while_prompting": [
