@@ -296,33 +296,41 @@ _AWKWARD_TITLES = [
 async def test_awkward_text_is_stored_exactly_as_arrays_and_as_values(
     postgres_schema: str, arrays: str
 ) -> None:
-    """Every row of a commit goes as one array a column (``on``), or as ``VALUES`` where
-    the connection's string literals would bend backslashes (``off``): either way, what
-    is read back is what was written, byte for byte."""
+    """A commit's rows go as one array a column (``on``), or as ``VALUES`` where the
+    connection's string literals would bend backslashes (``off``): either way, what is
+    read back is what was written, byte for byte, in the events and in the sessions."""
     async with daemon(postgres_schema) as a:
         a._write.execute(f"SET standard_conforming_strings = {arrays}")
-        await a.write([_created("ses_t")])
+        sessions = [f"ses_t{index}" for index in range(len(_AWKWARD_TITLES))]
+        await a.write([_created(session_id) for session_id in sessions])
         titles = [f"{index}:{title}" for index, title in enumerate(_AWKWARD_TITLES)]
         with sent_queries(a) as queries:
-            written = await a.write([_titled("ses_t", title) for title in titles])
-        assert ("FROM unnest(" in queries[0]) is (arrays == "on")
+            written = await a.write(
+                [_titled(s, title) for s, title in zip(sessions, titles, strict=True)]
+            )
+        assert queries[0].count("FROM unnest(") == (2 if arrays == "on" else 0)
         assert [event.data["title"] for event in written] == titles
-        stored = [e.data.get("title") for e in a.events_after(0, session_ids=["ses_t"])]
-        assert stored == ["", *titles]
-        session = a.session("ses_t")
-        assert session is not None and session.title == titles[-1]
+        stored = a.events_after(written[0].seq - 1, session_ids=sessions)  # type: ignore[operator]
+        assert [event.data["title"] for event in stored] == titles
+        for session_id, title in zip(sessions, titles, strict=True):
+            session = a.session(session_id)
+            assert session is not None and session.title == title and session.parent_id is None
 
 
-def test_columns_that_cannot_be_arrays_are_left_to_values() -> None:
-    from harness.storage.pg_arrays import SeqOffset, unnest_insert
+def test_columns_that_cannot_be_arrays_and_small_batches_are_left_to_values() -> None:
+    from harness.storage.pg_arrays import ARRAYS_FROM_ROWS, SeqOffset, unnest_insert
+
+    def rows(*row: Any) -> list[tuple[Any, ...]]:
+        return [row] * ARRAYS_FROM_ROWS
 
     sql = "INSERT INTO t(a, b) VALUES (?, ?)"
-    assert unnest_insert(sql, [(SeqOffset(1), "x"), (2, "y")]) is None  # offsets and seqs
-    assert unnest_insert(sql, [(1, "x"), (None, "y")]) is None  # a NULL number
-    assert unnest_insert(sql, [(True, "x")]) is None  # a type not rendered here
-    assert unnest_insert(sql, [(1, "a\x00b")]) is None  # libpq would cut the query
-    assert unnest_insert(sql, [(1, "\udc80")]) is None  # not UTF-8
-    made = unnest_insert(sql + " ON CONFLICT(a) DO NOTHING", [(SeqOffset(1), None)])
+    assert unnest_insert(sql, rows(1, "x")[1:]) is None  # fewer rows: VALUES costs less
+    assert unnest_insert(sql, [(SeqOffset(1), "x"), *rows(2, "y")]) is None  # offsets, seqs
+    assert unnest_insert(sql, [(None, "x"), *rows(2, "y")]) is None  # a NULL number
+    assert unnest_insert(sql, rows(True, "x")) is None  # a type not rendered here
+    assert unnest_insert(sql, rows(1, "a\x00b")) is None  # libpq would cut the query
+    assert unnest_insert(sql, rows(1, "\udc80")) is None  # not UTF-8
+    made = unnest_insert(sql + " ON CONFLICT(a) DO NOTHING", rows(SeqOffset(1), None))
     assert made is not None
     assert made.startswith(b"INSERT INTO t(a, b) SELECT base.b + u.c0, u.c1 FROM unnest(")
     assert made.endswith(b" ON CONFLICT(a) DO NOTHING")
