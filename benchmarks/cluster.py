@@ -93,6 +93,22 @@ def with_schema(url: str, schema: str) -> str:
     return f"{url}{joiner}options=-csearch_path%3D{schema}"
 
 
+def compile_daemons_harness() -> None:
+    """Write the bytecode of the harness the daemons import, as an install does.
+
+    An editable install writes it at first import, unless ``PYTHONDONTWRITEBYTECODE`` is
+    set (as on these machines): then each daemon compiled, mid-run, every module it
+    imports lazily (at its first prompt, tool call, answer), stalling its event loop for
+    the steps in flight. Measured at 1,000 sessions over 2 daemons: step p99 29–30 ms
+    uncompiled against 17–18 compiled, the same tree.
+    """
+    subprocess.run(
+        [sys.executable, "-c", "import compileall, harness, pathlib;"
+         " compileall.compile_dir(pathlib.Path(harness.__file__).parent, quiet=1)"],
+        check=True, cwd=tempfile.gettempdir(),
+    )  # fmt: skip
+
+
 def run(url: str, daemons: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     schema = f"bench_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(url, autocommit=True) as conn:
@@ -325,6 +341,7 @@ def main() -> None:
     args = parser.parse_args()
     if not args.url:
         parser.error("no database: pass --url or set HARNESS_TEST_POSTGRES")
+    compile_daemons_harness()
     results = []
     with tempfile.TemporaryDirectory(prefix="harness-cluster-") as work:
         for count in args.daemons:
