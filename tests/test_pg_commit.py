@@ -283,9 +283,11 @@ async def test_a_commit_whose_server_was_away_a_while_is_looked_up_not_sent_twic
 
 
 # Text an array literal must carry as is: its own syntax, SQL's quote, escapes, the word
-# NULL, white space, non-ASCII. Each is a session title, so it goes through the events
-# INSERT and the sessions upsert of one commit.
+# NULL, white space, non-ASCII, and a model's text written to break out of the literal
+# (it reaches these rows unchanged: a tool's output, a title). Each is a session title,
+# so it goes through the events INSERT and the sessions upsert of one commit.
 _AWKWARD_TITLES = [
+    "\"}'::text[]); DROP TABLE events; --", "x\\", "\\'", "\\\"", "'}", "\"\"",
     "", "NULL", "null", '"', "\\", "\\\\", "'", "''", "{", "}", "{a,b}", ",", " lead", "trail ",
     "a\"b\\c'd", "\\N", "tab\there", "new\nline", "crlf\r\n", "é ü 漢字 🚀", "\\x00 as text",
     "E'x'", "$$dollar$$", "');DROP TABLE events;--", "\u2028\u2029", "\x7f\x01",
