@@ -145,6 +145,36 @@ async def test_a_fenced_request_writes_nothing_and_the_rest_commits(postgres_sch
         assert trips == [1]
 
 
+async def test_a_batch_decided_in_two_round_trips_goes_as_arrays_with_its_seqs_known(
+    postgres_schema: str,
+) -> None:
+    """In two round trips the seqs are known before the writes: a column of plain seqs,
+    not offsets, still one array (16 rows or more), and stored in order, gapless."""
+    async with daemon(postgres_schema) as a:
+        sessions = [f"ses_{index:02d}" for index in range(20)]
+        await a.write([_created("ses_a"), *(_created(s) for s in sessions)])
+        epoch = await a.claim("ses_a")
+        assert epoch is not None
+        with psycopg.connect(postgres_schema, autocommit=True) as conn:
+            conn.execute("UPDATE leases SET owner = 'elsewhere', epoch = 9")
+        batch = [
+            WriteEvents([_titled("ses_a", "lost")], fence=("ses_a", epoch)),
+            WriteEvents([_titled(s, f"title of {s}") for s in sessions]),
+        ]
+        with sent_queries(a) as queries:
+            results = await trio.to_thread.run_sync(a._commit, batch)
+        assert isinstance(results[0], LedgerFenced)
+        assert [e.seq for e in results[1]] == list(range(22, 42))  # type: ignore[union-attr]
+        assert any("FROM unnest('{22,23," in query for query in queries)
+        stored = a.events_after(21)
+        assert [(e.seq, e.session_id, e.data["title"]) for e in stored] == [
+            (22 + index, s, f"title of {s}") for index, s in enumerate(sessions)
+        ]
+        assert [a.session(s).title for s in sessions] == [  # type: ignore[union-attr]
+            f"title of {s}" for s in sessions
+        ]
+
+
 async def test_a_missing_session_is_refused_and_a_deleted_one_decided_in_two(
     postgres_schema: str,
 ) -> None:
