@@ -32,7 +32,13 @@ from harness.providers.errors import (
     ProviderError,
     RetryableError,
 )
-from harness.providers.http11 import H11Transport, ResponseBody, shared_ssl_context
+from harness.providers.http11 import (
+    DirectResponse,
+    H11Transport,
+    PreparedPost,
+    ResponseBody,
+    shared_ssl_context,
+)
 
 if TYPE_CHECKING:
     import ssl  # the client's context, made only for an https URL
@@ -437,7 +443,8 @@ class PostTemplate:
     """
 
     __slots__ = (
-        "_direct", "_extensions", "_headers", "_raw", "_url", "client", "headers", "url",
+        "_direct", "_extensions", "_headers", "_prepared", "_raw", "_url", "client",
+        "headers", "url",
     )  # fmt: skip
 
     def __init__(self, client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> None:
@@ -449,6 +456,49 @@ class PostTemplate:
         self._raw: list[tuple[bytes, bytes]] = []
         self._extensions: dict[str, Any] = {}
         self._direct: H11Transport | None = None
+        self._prepared: PreparedPost | None = None
+
+    async def open(self, body: bytes) -> httpx.Response | DirectResponse:
+        """POST ``body`` as ``send`` does; the response's body is still to be read.
+
+        Through the direct transport (see ``send``), once the first request has shown
+        what every request is, the POST goes to its ``post``: the same bytes on the wire,
+        with no ``httpx.Request`` or ``httpx.Response`` made (issue 14). The reply comes
+        back as it is read (``DirectResponse``) unless httpx has something to do with it
+        (a cookie to take, a content coding to undo): then as the ``httpx.Response``
+        ``send`` gives. A request while the client holds a cookie takes ``send``'s way,
+        which sends the cookie back.
+        """
+        client = self.client
+        prepared = self._prepared
+        transport = self._direct
+        if prepared is None or transport is None or not body or client.is_closed:
+            return await self.send(body)
+        if client.cookies:
+            return await self.send(body)
+        reply = await transport.post(prepared, body)
+        if not reply.plain():
+            response = reply.to_httpx()
+            response.request = self.request(body)
+            client.cookies.extract_cookies(response)
+            self._log(response.http_version, response.status_code, response.reason_phrase)
+            return response
+        if _httpx_log.isEnabledFor(logging.INFO):
+            head = reply.head
+            version = b"HTTP/" + head.http_version
+            self._log(
+                version.decode("ascii", errors="ignore"),
+                head.status_code,
+                head.reason.decode("ascii", errors="ignore"),
+            )
+        return reply
+
+    def _log(self, version: str, status: int, reason: str) -> None:
+        """The line ``AsyncClient.send`` writes for each request (at debug only: harness.logs)."""
+        if _httpx_log.isEnabledFor(logging.INFO):
+            _httpx_log.info(
+                'HTTP Request: %s %s "%s %d %s"', "POST", self._url, version, status, reason
+            )
 
     async def send(self, body: bytes) -> httpx.Response:
         """POST ``body``; the response's body is still to be read (``stream=True``).
@@ -503,6 +553,8 @@ class PostTemplate:
                     self._raw = raw[:-1]
                 if isinstance(client, ProviderClient):
                     self._direct = client.direct_transport(request.url)
+                if self._direct is not None and self._raw:
+                    self._prepared = self._direct.prepare_post(sample)
             return request
         if body and self._raw:
             made = httpx.Request(
@@ -615,22 +667,29 @@ class ChatStream:
         self._provider = provider
         self._key_env = key_env
         self._events_of = events_of
-        self._response: httpx.Response | None = None
+        self._response: httpx.Response | DirectResponse | None = None
         self._events: ChatEvents | None = None
 
     async def __aenter__(self) -> ChatEvents:
         body = self._requests.body(self._request)
         try:
-            response = await self._post.send(body)
+            response = await self._post.open(body)
         except (httpx.TransportError, httpx.InvalidURL) as exc:
             raise error_for_transport(self._provider, exc) from exc
         try:
             if response.status_code != 200:
+                if isinstance(response, DirectResponse):
+                    response = response.to_httpx()
                 raw = await response.aread()
                 raise error_for_status(
                     self._provider, self._key_env, response.status_code, response.headers, raw
                 )
-            events = self._events_of(sse_data(response), self._request)
+            data = (
+                SSEData(response.stream)
+                if isinstance(response, DirectResponse)
+                else sse_data(response)
+            )
+            events = self._events_of(data, self._request)
         except BaseException as error:
             await self._close(response, error)
             raise
@@ -653,7 +712,9 @@ class ChatStream:
             self._events = None
         await self._close(response, error)
 
-    async def _close(self, response: httpx.Response, error: BaseException | None) -> None:
+    async def _close(
+        self, response: httpx.Response | DirectResponse, error: BaseException | None
+    ) -> None:
         """Close the response; a transport error (its own, or ``error``) as the provider's."""
         try:
             await response.aclose()
