@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
+import random
 import ssl
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,11 +20,13 @@ import h11
 import httpx
 import pytest
 import trio
+from h11._readers import ChunkedReader
+from h11._receivebuffer import ReceiveBuffer
 from wire_server import Reply, chunk, wire_server
 
 from harness.messages.provider import ProviderRequest, TextDelta, UserTurn
 from harness.providers.errors import RetryableError
-from harness.providers.http11 import H11Transport
+from harness.providers.http11 import H11Transport, take_whole_chunks
 from harness.providers.mistral import MistralProvider
 from harness.providers.openai import OpenAIProvider
 
@@ -614,3 +618,82 @@ async def test_concurrent_requests_take_a_connection_each_and_both_are_kept() ->
                 nursery.start_soon(get, "b")
             assert texts == ["ok", "ok"]
     assert len(accepted) == 2  # the second pair reused both
+
+
+# --- whole chunks read without h11's reader (take_whole_chunks) ---------------------------
+
+
+def _random_chunked(rng: random.Random) -> bytes:
+    """A chunked body, mostly well formed, with what h11 alone must judge mixed in."""
+    out = []
+    for _ in range(rng.randrange(0, 6)):
+        size = rng.choice([1, 2, 15, 16, 255, 300, rng.randrange(1, 400)])
+        digits = f"{size:x}" if rng.random() < 0.7 else f"{size:X}"
+        if rng.random() < 0.1:
+            digits = "0" * rng.randrange(1, 4) + digits
+        extra = rng.choice([b""] * 8 + [b";ext=1", b" ", b"\t", b"g", b";"])
+        footer = rng.choice([b"\r\n"] * 12 + [b"XX", b"\n", b"\r"])
+        out.append(digits.encode() + extra + b"\r\n" + bytes([97 + size % 26]) * size + footer)
+    last = rng.choice([b"0\r\n\r\n"] * 5 + [b"0\r\nx-t: 1\r\n\r\n", b"00\r\n\r\n", b"0;e\r\n\r\n"])
+    after = rng.choice([b"", b"", b"HTTP/1.1 200 OK\r\n"])
+    return b"".join(out) + last + after
+
+
+def _read_chunked(body: bytes, cuts: list[int], fast: bool) -> tuple[bytes, str, bytes]:
+    """Feed ``body`` cut at ``cuts`` to a fresh reader: the data, how it ended, what is left."""
+    reader, buffer = ChunkedReader(), ReceiveBuffer()
+    data: list[bytes | bytearray] = []
+    for start, stop in itertools.pairwise([0, *cuts, len(body)]):
+        buffer += body[start:stop]
+        try:
+            while True:
+                if fast and take_whole_chunks(reader, buffer, data):
+                    return b"".join(data), "end", bytes(buffer)
+                event = reader(buffer)
+                if event is None:
+                    break
+                if type(event) is h11.EndOfMessage:
+                    return b"".join(data), "end", bytes(buffer)
+                data.append(event.data)
+        except h11.ProtocolError as error:
+            return b"".join(data), f"{type(error).__name__}: {error}", bytes(buffer)
+    return b"".join(data), "more needed", bytes(buffer)
+
+
+def test_whole_chunks_are_read_as_h11_reads_them() -> None:
+    """The same data, the same end or error, the same bytes left, however the body is cut."""
+    rng = random.Random(14)
+    for _ in range(3000):
+        body = _random_chunked(rng)
+        cuts = sorted(rng.sample(range(1, len(body)), min(len(body) - 1, rng.randrange(0, 5))))
+        assert _read_chunked(body, cuts, fast=True) == _read_chunked(body, cuts, fast=False), (
+            body,
+            cuts,
+        )
+
+
+async def test_a_stream_of_whole_chunks_is_read_without_h11s_chunk_reader(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    payloads = [b"data: %d\n\n" % n for n in range(50)]
+    events = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in payloads)
+    reply = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + events + b"0\r\n\r\n"
+
+    async def handler(stream: trio.abc.Stream) -> None:
+        buffer = bytearray()
+        while await read_head(stream, buffer):
+            await stream.send_all(reply)
+
+    calls: list[int] = []
+    original = ChunkedReader.__call__
+
+    def counted(self: ChunkedReader, buffer: ReceiveBuffer) -> object:
+        calls.append(1)
+        return original(self, buffer)
+
+    monkeypatch.setattr(ChunkedReader, "__call__", counted)
+    async with serve(handler) as (root, _), client(H11Transport()) as http:
+        response = await http.get(root)
+        body = await response.aread()
+    assert body == b"".join(payloads)
+    assert calls == []

@@ -185,10 +185,12 @@ async def test_httpx_request_line_is_still_logged_at_debug() -> None:
     logger.setLevel(logging.DEBUG)
     logger.addHandler(handler)
     try:
-        async with wire_server(Reply(events=[chunk("x", finish="stop")])) as server:
+        replies = [Reply(events=[chunk("x", finish="stop")]) for _ in range(2)]
+        async with wire_server(*replies, keep_alive=True) as server:
             model = provider("mistral", server.url)
             try:
-                await texts_of(model)
+                for _ in range(2):  # the first request built by the client, then direct
+                    await texts_of(model)
             finally:
                 await model.aclose()
     finally:
@@ -196,4 +198,4 @@ async def test_httpx_request_line_is_still_logged_at_debug() -> None:
         logger.setLevel(old_level)
     lines = [r.getMessage() for r in records]
     # As AsyncClient.send writes it (the test server sends no reason phrase).
-    assert lines == [f'HTTP Request: POST {server.url}/v1/chat/completions "HTTP/1.1 200 "']
+    assert lines == [f'HTTP Request: POST {server.url}/v1/chat/completions "HTTP/1.1 200 "'] * 2

@@ -11,7 +11,7 @@ and drops the layers:
 - the same wire: h11 (what httpcore uses) makes and parses every message, with the same
   size limit on an incomplete event, so malformed responses fail as they did. Its
   writers, readers and framing rules are called directly, without ``h11.Connection``'s
-  state machine (see ``_exchange``); CONNECT and Upgrade, which only that machine
+  state machine (see ``_response``); CONNECT and Upgrade, which only that machine
   handles, are refused, and a connection with bytes left over after a response is not
   used again;
 - the same errors: httpx's exception types (``ConnectError``, ``ConnectTimeout``,
@@ -37,17 +37,19 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import select
 import socket
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import h11
 import httpx
 import trio
 
-# h11's own parsers and writers, without its Connection's state machine (see _Exchange).
+# h11's own parsers and writers, without its Connection's state machine (see _response).
 from h11._connection import _body_framing, _keep_alive
 from h11._headers import get_comma_header
 from h11._readers import (
@@ -286,32 +288,86 @@ class H11Transport(httpx.AsyncBaseTransport):
         if self._closed:
             raise RuntimeError("the transport has been closed")
         url = request.url
-        scheme = url.raw_scheme
-        if scheme == b"https":
-            default_port = 443
-        elif scheme == b"http":
-            default_port = 80
-        else:
-            raise httpx.UnsupportedProtocol(
-                f"the URL's scheme must be 'http' or 'https', not {url.scheme!r}"
-            )
-        if not url.raw_host:
-            raise httpx.UnsupportedProtocol("the URL has no host")
-        origin: _Origin = (scheme, url.raw_host.decode("ascii"), url.port or default_port)
+        origin = _origin_of(url.raw_scheme, url.raw_host, url.port, url.scheme)
         timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
-        connection = self._take_idle(origin)
-        if connection is None:
-            connection = await self._connect(origin, timeouts.get("connect"), request)
+        connection = await self._connection(
+            origin, timeouts.get("connect"), request.extensions.get("sni_hostname")
+        )
         try:
-            return await self._exchange(connection, request, timeouts)
+            keep_alive = await self._send_request(connection, request, timeouts.get("write"))
+            method = request.method.encode("ascii")
+            reply = await self._response(connection, method, keep_alive, timeouts.get("read"))
+        except BaseException:
+            await connection.close()
+            raise
+        return reply.to_httpx()
+
+    def prepare_post(self, request: httpx.Request) -> PreparedPost | None:
+        """What every POST like ``request`` (one its client built, with a body) has in
+        common, for ``post``: None for a request whose head is not kept (see
+        ``_RequestHeads``), which then goes through ``handle_async_request``."""
+        url = request.url
+        try:
+            origin = _origin_of(url.raw_scheme, url.raw_host, url.port, url.scheme)
+        except httpx.UnsupportedProtocol:
+            return None
+        if request.method != "POST":
+            return None
+        try:
+            written = self._written.head("POST", url.raw_path, request.headers.raw)
+        except h11.LocalProtocolError:
+            return None
+        if written is None:
+            return None
+        before, _, after, keep_alive = written
+        timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
+        return PreparedPost(
+            origin,
+            before,
+            after,
+            keep_alive,
+            timeouts.get("connect"),
+            timeouts.get("write"),
+            timeouts.get("read"),
+            request.extensions.get("sni_hostname"),
+        )
+
+    async def post(self, prepared: PreparedPost, content: bytes) -> DirectResponse:
+        """POST ``content`` with the head ``prepared`` says: the bytes that
+        ``handle_async_request`` writes for the same request, and its response's head
+        read the same way, without an ``httpx.Request`` or ``httpx.Response`` made.
+
+        httpx's models cost a provider's every step ~25 µs of Python: the request's
+        headers merged and normalised, the response's headers wrapped, both objects built,
+        for a client that only ever sends the same head with a new body (issue 14).
+        """
+        if self._closed:
+            raise RuntimeError("the transport has been closed")
+        connection = await self._connection(prepared.origin, prepared.connect, prepared.sni)
+        try:
+            data = b"".join((prepared.before, b"%d" % len(content), prepared.after, content))
+            keep_alive = prepared.keep_alive
+            try:
+                await connection.write(data, prepared.write)
+            except httpx.WriteError:
+                keep_alive = False  # as _send_request: the answer is read all the same
+            return await self._response(connection, b"POST", keep_alive, prepared.read)
         except BaseException:
             await connection.close()
             raise
 
-    async def _exchange(
-        self, connection: _Connection, request: httpx.Request, timeouts: dict[str, float | None]
-    ) -> httpx.Response:
-        """One request and its response's head, through h11's writers and readers.
+    async def _connection(
+        self, origin: _Origin, seconds: float | None, sni: str | None
+    ) -> _Connection:
+        connection = self._take_idle(origin)
+        if connection is None:
+            connection = await self._connect(origin, seconds, sni)
+        return connection
+
+    async def _response(
+        self, connection: _Connection, method: bytes, keep_alive: bool, read_timeout: float | None
+    ) -> DirectResponse:
+        """The head of the response to the request just written, through h11's readers.
 
         h11's ``Connection`` runs every event through its state machine (both sides'
         states, keep-alive, protocol switches): ~45 µs of a provider request's ~75 µs of
@@ -320,11 +376,9 @@ class H11Transport(httpx.AsyncBaseTransport):
         (``h11.Request``, its framing and its writers: a body longer or shorter than
         declared still fails) and parses the response (its status-line, header, chunked
         and Content-Length readers, its framing and keep-alive rules, the size limit of
-        an incomplete event), and the bookkeeping is this method's.
+        an incomplete event), and the bookkeeping is this transport's.
         """
         connection.reusable = False
-        keep_alive = await self._send_request(connection, request, timeouts.get("write"))
-        read_timeout = timeouts.get("read")
         while True:
             response = connection.parse(maybe_read_from_SEND_RESPONSE_server)
             if response is None:
@@ -340,19 +394,10 @@ class H11Transport(httpx.AsyncBaseTransport):
             if response.status_code == 101:
                 raise httpx.RemoteProtocolError("the server switched protocols (101)")
             # 100 Continue and friends: the answer is still to come.
-        kind, args = _body_framing(request.method.encode("ascii"), response)
+        kind, args = _body_framing(method, response)
         keep_alive = keep_alive and _keep_alive(response)
-        return httpx.Response(
-            status_code=response.status_code,
-            headers=response.headers.raw_items(),
-            stream=ResponseBody(
-                self, connection, _BODY_READERS[kind](*args), keep_alive, read_timeout
-            ),
-            extensions={
-                "http_version": b"HTTP/" + response.http_version,
-                "reason_phrase": response.reason,
-            },
-        )
+        body = ResponseBody(self, connection, _BODY_READERS[kind](*args), keep_alive, read_timeout)
+        return DirectResponse(response, body)
 
     async def _send_request(
         self, connection: _Connection, request: httpx.Request, seconds: float | None
@@ -434,7 +479,7 @@ class H11Transport(httpx.AsyncBaseTransport):
         return None
 
     async def _connect(
-        self, origin: _Origin, seconds: float | None, request: httpx.Request
+        self, origin: _Origin, seconds: float | None, sni: str | None
     ) -> _Connection:
         scheme, host, port = origin
         with trio.CancelScope(deadline=_deadline(seconds)) as scope:
@@ -453,7 +498,6 @@ class H11Transport(httpx.AsyncBaseTransport):
         if context is None:
             context = self._ssl_context = shared_ssl_context()
         context.set_alpn_protocols(["http/1.1"])
-        sni = request.extensions.get("sni_hostname")
         tls = trio.SSLStream(
             tcp, context, server_hostname=sni or host, https_compatible=True
         )
@@ -485,6 +529,80 @@ class H11Transport(httpx.AsyncBaseTransport):
         idle, self._idle = self._idle, []
         for connection in idle:
             await connection.close()
+
+
+def _origin_of(scheme: bytes, host: bytes, port: int | None, name: str) -> _Origin:
+    if scheme == b"https":
+        default_port = 443
+    elif scheme == b"http":
+        default_port = 80
+    else:
+        raise httpx.UnsupportedProtocol(
+            f"the URL's scheme must be 'http' or 'https', not {name!r}"
+        )
+    if not host:
+        raise httpx.UnsupportedProtocol("the URL has no host")
+    return (scheme, host.decode("ascii"), port or default_port)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedPost:
+    """A client's POSTs to one URL (``H11Transport.prepare_post``): where they go, their
+    head written around Content-Length's value, and their timeouts."""
+
+    origin: _Origin
+    before: bytes  # the head up to Content-Length's value
+    after: bytes  # from after the value to the blank line
+    keep_alive: bool  # whether the head lets the connection be kept
+    connect: float | None
+    write: float | None
+    read: float | None
+    sni: str | None
+
+
+class DirectResponse:
+    """A response's head and body, before (or instead of) an ``httpx.Response``."""
+
+    __slots__ = ("_closed", "head", "stream")
+
+    def __init__(self, head: h11.Response, stream: ResponseBody) -> None:
+        self.head = head
+        self.stream = stream
+        self._closed = False
+
+    @property
+    def status_code(self) -> int:
+        return int(self.head.status_code)
+
+    def plain(self) -> bool:
+        """Whether the body is sent as it is (no Content-Encoding but identity) and no
+        cookie is set: what a reader may take without httpx's decoders and cookie jar."""
+        # h11's checked headers, lower-cased names (the private list its Headers wraps:
+        # this module drives h11's internals throughout).
+        for _, name, value in self.head.headers._full_items:
+            if name == b"content-encoding":
+                if value.strip().lower() != b"identity":
+                    return False
+            elif name == b"set-cookie" or name == b"set-cookie2":
+                return False
+        return True
+
+    def to_httpx(self) -> httpx.Response:
+        head = self.head
+        return httpx.Response(
+            status_code=head.status_code,
+            headers=head.headers.raw_items(),
+            stream=self.stream,
+            extensions={
+                "http_version": b"HTTP/" + head.http_version,
+                "reason_phrase": head.reason,
+            },
+        )
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self.stream.aclose()
 
 
 def _content_length(raw: list[tuple[bytes, bytes]]) -> tuple[int, bytes] | None:
@@ -604,6 +722,68 @@ class _CheckedHeaders:
         return type(template)(full)
 
 
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,20}")  # h11's chunk-size, with nothing after it
+
+
+def _h11_internals_as_known() -> bool:
+    """Whether h11's chunked reader and receive buffer keep their state where
+    ``take_whole_chunks`` looks for it (h11 0.16's names); otherwise h11 reads it all."""
+    reader, buffer = ChunkedReader(), ReceiveBuffer()
+    fresh = {"_bytes_in_chunk": 0, "_bytes_to_discard": b"", "_reading_trailer": False}
+    return (
+        reader.__dict__ == fresh
+        and type(getattr(buffer, "_data", None)) is bytearray
+        and hasattr(buffer, "_next_line_search")
+        and hasattr(buffer, "_multiple_lines_search")
+    )
+
+
+_WHOLE_CHUNKS = _h11_internals_as_known()
+
+
+def take_whole_chunks(
+    reader: ChunkedReader, buffer: ReceiveBuffer, pieces: list[bytes | bytearray]
+) -> bool:
+    """Take the chunks of a chunked body that are whole in ``buffer``, as h11's reader
+    would, their data appended to ``pieces``; True when the last chunk (``0``, no
+    trailers) was among them: the body is over.
+
+    h11's ``ChunkedReader`` makes each chunk three passes (its size line, its data as a
+    ``Data`` event, its closing CRLF), ~35 Python calls, and a provider's reply is a
+    chunk per SSE event. Here a whole chunk whose size line is only its hex digits (what
+    every server sends) is one ``find`` and two slices. Only where h11 would read the
+    same bytes the same way: anything else (an extension, trailers, a chunk not all
+    received, a malformed end) is left where it starts, for h11's reader to read,
+    accept or refuse, from a state it knows (between two chunks).
+    """
+    if reader._bytes_in_chunk or reader._bytes_to_discard or reader._reading_trailer:
+        return False  # inside a chunk: h11's to finish
+    data = buffer._data
+    end = len(data)
+    position = 0
+    over = False
+    while position < end:
+        line_end = data.find(b"\r\n", position, position + 22)
+        if line_end < 0 or _CHUNK_SIZE.fullmatch(data, position, line_end) is None:
+            break
+        size = int(data[position:line_end], 16)
+        start = line_end + 2
+        if size == 0:
+            if data[start : start + 2] == b"\r\n":
+                position, over = start + 2, True
+            break  # trailers, or not all received: h11's
+        stop = start + size
+        if stop + 2 > end or data[stop : stop + 2] != b"\r\n":
+            break
+        pieces.append(data[start:stop])  # joined into bytes by the caller
+        position = stop + 2
+    if position:
+        del data[:position]
+        buffer._next_line_search = 0  # as ReceiveBuffer._extract leaves them
+        buffer._multiple_lines_search = 0
+    return over
+
+
 class ResponseBody(httpx.AsyncByteStream):
     """A response's body: what each read completes, as one piece; the connection on close.
 
@@ -612,7 +792,7 @@ class ResponseBody(httpx.AsyncByteStream):
     """
 
     __slots__ = (
-        "_connection", "_done", "_keep_alive", "_reader", "_released", "_timeout",
+        "_chunked", "_connection", "_done", "_keep_alive", "_reader", "_released", "_timeout",
         "_transport",
     )  # fmt: skip
 
@@ -627,6 +807,7 @@ class ResponseBody(httpx.AsyncByteStream):
         self._transport = transport
         self._connection = connection
         self._reader = reader  # h11's body reader for the response's framing
+        self._chunked = _WHOLE_CHUNKS and type(reader) is ChunkedReader
         self._keep_alive = keep_alive
         self._timeout = timeout
         self._done = False
@@ -644,9 +825,15 @@ class ResponseBody(httpx.AsyncByteStream):
             raise StopAsyncIteration
         connection = self._connection
         reader = self._reader
-        pieces: list[bytes] = []
+        pieces: list[bytes | bytearray] = []
+        chunked = self._chunked
         try:
             while True:
+                if chunked and take_whole_chunks(reader, connection.buffer, pieces):
+                    self._ended()  # the last chunk, without trailers
+                    if not pieces:
+                        raise StopAsyncIteration
+                    break
                 event = connection.parse(reader)
                 if type(event) is h11.Data:
                     pieces.append(event.data)

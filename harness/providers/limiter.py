@@ -19,15 +19,16 @@ sleep: a cancel ends it at once.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any
 
 import trio
 
 from harness.messages.provider import ProviderRequest, StreamEvent
-from harness.providers.base import Provider
+from harness.providers.base import EventStream, Provider
 from harness.providers.errors import RetryableError
 from harness.providers.retry import MAX_RETRY_AFTER, RetryNotice
 
@@ -78,29 +79,44 @@ class ProviderLimiter:
     @asynccontextmanager
     async def slot(self, on_wait: OnWait | None = None) -> AsyncIterator[None]:
         """Wait for a slot, the pace and any hold; the request is in flight inside."""
+        token = await self.enter(on_wait)
+        try:
+            yield
+        finally:
+            self.leave(token)
+
+    async def enter(self, on_wait: OnWait | None = None) -> object:
+        """Wait for a slot, the pace and any hold: the request is in flight until ``leave``
+        is given the token this returns (``slot`` as two calls, for a class's enter and
+        exit)."""
         # A hold is waited out visibly before queueing for a slot: a session behind the
         # slots' holders shows the shared reason too, not just "busy".
         await self._admit(on_wait, pace=False)
         # Borrowed by a token, not by the task: one task may hold two requests (a title
         # asked while a step streams), which a task-owned slot would refuse.
         token = object()
-        if self._slots is not None:
-            await self._slots.acquire_on_behalf_of(token)
+        slots = self._slots
+        if slots is not None:
+            await slots.acquire_on_behalf_of(token)
         try:
-            if self._slots is not None or self._interval:
+            if slots is not None or self._interval:
                 async with self._admission:
                     await self._admit(on_wait)
             # Else there is nothing to queue for: no slot was waited for, so the hold
             # checked above still stands, and the lock would only cost every request a
             # trip through the scheduler.
-            self.in_flight += 1
-            try:
-                yield
-            finally:
-                self.in_flight -= 1
-        finally:
-            if self._slots is not None:
-                self._slots.release_on_behalf_of(token)
+        except BaseException:
+            if slots is not None:
+                slots.release_on_behalf_of(token)
+            raise
+        self.in_flight += 1
+        return token
+
+    def leave(self, token: object) -> None:
+        """The request that ``enter`` gave ``token`` is over."""
+        self.in_flight -= 1
+        if self._slots is not None:
+            self._slots.release_on_behalf_of(token)
 
     async def _admit(self, on_wait: OnWait | None, *, pace: bool = True) -> None:
         """Sleep out the hold and (``pace``) the pace; then take the next start time."""
@@ -156,29 +172,7 @@ class LimitedProvider:
     def stream(
         self, request: ProviderRequest
     ) -> AbstractAsyncContextManager[AsyncIterator[StreamEvent]]:
-        return self._stream(request)
-
-    @asynccontextmanager
-    async def _stream(self, request: ProviderRequest) -> AsyncIterator[AsyncIterator[StreamEvent]]:
-        async with self._limiter.slot(self._on_wait):
-            try:
-                async with self.inner.stream(request) as events:
-                    watched = self._watched(events)
-                    async with aclosing(watched):
-                        yield watched
-            except RetryableError as error:
-                self._note(error)
-                raise
-
-    async def _watched(
-        self, events: AsyncIterator[StreamEvent]
-    ) -> AsyncGenerator[StreamEvent, None]:
-        try:
-            async for event in events:
-                yield event
-        except RetryableError as error:
-            self._note(error)
-            raise
+        return _LimitedStream(self, request)
 
     def _note(self, error: RetryableError) -> None:
         if error.retry_after is not None:
@@ -186,3 +180,86 @@ class LimitedProvider:
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+class _LimitedStream:
+    """One request of a ``LimitedProvider``: the limiter's slot around the inner stream.
+
+    A class rather than ``@asynccontextmanager`` generators (the slot's and the stream's)
+    and a generator around the events that notes a retryable failure: with an
+    ``EventStream`` the failure is heard through ``watch``, and the events are handed on
+    as they are (issue 14). A failure the inner stream raises on entering or leaving is
+    noted here, as one the caller's block lets through.
+    """
+
+    __slots__ = ("_inner", "_provider", "_request", "_token")
+
+    def __init__(self, provider: LimitedProvider, request: ProviderRequest) -> None:
+        self._provider = provider
+        self._request = request
+        self._inner: AbstractAsyncContextManager[AsyncIterator[StreamEvent]] | None = None
+        self._token: object = None
+
+    async def __aenter__(self) -> AsyncIterator[StreamEvent]:
+        provider = self._provider
+        limiter = provider._limiter
+        token = await limiter.enter(provider._on_wait)
+        try:
+            inner = provider.inner.stream(self._request)
+            events = await inner.__aenter__()
+        except BaseException as error:
+            if isinstance(error, RetryableError):
+                provider._note(error)
+            limiter.leave(token)
+            raise
+        self._inner = inner
+        self._token = token
+        if isinstance(events, EventStream):
+            events.watch(provider._note)
+            return events
+        return _Watched(events, provider._note)
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool | None:
+        inner = self._inner
+        if inner is None:
+            return None
+        self._inner = None
+        provider = self._provider
+        try:
+            suppressed = await inner.__aexit__(kind, error, traceback)
+            if not suppressed and isinstance(error, RetryableError):
+                provider._note(error)
+        except RetryableError as raised:
+            provider._note(raised)
+            raise
+        finally:
+            provider._limiter.leave(self._token)
+        return suppressed
+
+
+class _Watched:
+    """``events``, with each ``RetryableError`` they raise noted: for a stream that is not an
+    ``EventStream``."""
+
+    __slots__ = ("_events", "_note")
+
+    def __init__(
+        self, events: AsyncIterator[StreamEvent], note: Callable[[RetryableError], None]
+    ) -> None:
+        self._events = events
+        self._note = note
+
+    def __aiter__(self) -> _Watched:
+        return self
+
+    async def __anext__(self) -> StreamEvent:
+        try:
+            return await self._events.__anext__()
+        except RetryableError as error:
+            self._note(error)
+            raise

@@ -16,8 +16,6 @@ import re
 import secrets
 import string
 import sys
-from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import aclosing, asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +30,6 @@ from harness.messages.provider import (
     Finish,
     ProviderRequest,
     ReasoningDelta,
-    StreamEvent,
     TextDelta,
     ToolCallEvent,
     UserTurn,
@@ -41,14 +38,14 @@ from harness.providers.errors import AuthError, ProviderError, TruncatedStreamEr
 from harness.providers.pricing import PriceTable
 from harness.providers.sdk_models import models_without_the_client
 from harness.providers.sse import (
+    ChatEvents,
+    ChatStream,
     PostTemplate,
+    SSEData,
     ToolCallAssembler,
     error_for_body,
-    error_for_transport,
     message_of,
     new_client,
-    open_stream,
-    sse_data,
 )
 from harness.providers.table import default_prices
 from harness.providers.wire import SystemText, WireCache, WireMessage, system_text
@@ -381,55 +378,70 @@ def _stream_error(data: str) -> ProviderError | None:
     return None
 
 
-async def chunks_to_events(
-    data: AsyncIterator[str], model: str, prices: PriceTable
-) -> AsyncGenerator[StreamEvent, None]:
-    calls = ToolCallAssembler()
-    finish: str | None = None
-    usage: UsageInfo | None = None
-    try:
-        async for payload in data:
-            chunk = _parse_chunk(payload)
-            if chunk.usage is not None:
-                usage = chunk.usage
-            for choice in chunk.choices:
-                delta = choice.delta
-                content = delta.content
-                if isinstance(content, str):
-                    if content:
-                        yield TextDelta(content)
-                elif isinstance(content, list):
-                    for part in content:
-                        if isinstance(part, TextChunk):
-                            if part.text:
-                                yield TextDelta(part.text)
-                        elif isinstance(part, ThinkChunk):
-                            for thought in part.thinking:
-                                if isinstance(thought, TextChunk) and thought.text:
-                                    yield ReasoningDelta(thought.text)
-                tool_calls = delta.tool_calls
-                if isinstance(tool_calls, list):
-                    for call in tool_calls:
-                        call_id = call.id if call.id and call.id != "null" else ""
-                        calls.add(
-                            call.index or 0, call_id, call.function.name, call.function.arguments
-                        )
-                if choice.finish_reason is not None:
-                    finish = str(choice.finish_reason)
-    except httpx.TransportError as exc:
-        raise error_for_transport("mistral", exc) from exc
-    if finish is None:
-        raise TruncatedStreamError("mistral: the stream ended without a finish reason")
-    for pending in calls.calls:
-        yield ToolCallEvent(
-            id=pending.id or new_tool_call_id(),
-            name=pending.name,
-            arguments=pending.arguments_text(),
+class MistralEvents(ChatEvents):
+    """The events of one Mistral reply: each chunk validated by the SDK's ``CompletionChunk``,
+    its text and reasoning as they come, the tool calls and the finish at the end."""
+
+    __slots__ = ("_calls", "_finish", "_model", "_prices", "_usage")
+
+    def __init__(self, data: SSEData, model: str, prices: PriceTable) -> None:
+        super().__init__(data, "mistral")
+        self._model = model
+        self._prices = prices
+        self._calls = ToolCallAssembler()
+        self._finish: str | None = None
+        self._usage: UsageInfo | None = None
+
+    def take(self, payload: str) -> None:
+        chunk = _parse_chunk(payload)
+        if chunk.usage is not None:
+            self._usage = chunk.usage
+        ready = self._ready
+        for choice in chunk.choices:
+            delta = choice.delta
+            content = delta.content
+            if isinstance(content, str):
+                if content:
+                    ready.append(TextDelta(content))
+            elif isinstance(content, list):
+                for part in content:
+                    if isinstance(part, TextChunk):
+                        if part.text:
+                            ready.append(TextDelta(part.text))
+                    elif isinstance(part, ThinkChunk):
+                        for thought in part.thinking:
+                            if isinstance(thought, TextChunk) and thought.text:
+                                ready.append(ReasoningDelta(thought.text))
+            tool_calls = delta.tool_calls
+            if isinstance(tool_calls, list):
+                for call in tool_calls:
+                    call_id = call.id if call.id and call.id != "null" else ""
+                    self._calls.add(
+                        call.index or 0, call_id, call.function.name, call.function.arguments
+                    )
+            if choice.finish_reason is not None:
+                self._finish = str(choice.finish_reason)
+
+    def end(self) -> None:
+        finish = self._finish
+        if finish is None:
+            raise TruncatedStreamError("mistral: the stream ended without a finish reason")
+        calls = self._calls.calls
+        ready = self._ready
+        for pending in calls:
+            ready.append(
+                ToolCallEvent(
+                    id=pending.id or new_tool_call_id(),
+                    name=pending.name,
+                    arguments=pending.arguments_text(),
+                )
+            )
+        if calls and finish == "stop":
+            finish = "tool_calls"
+        tokens = tokens_of(self._usage)
+        ready.append(
+            Finish(reason=finish, usage=tokens, cost=self._prices.cost(self._model, tokens))
         )
-    if calls.calls and finish == "stop":
-        finish = "tool_calls"
-    tokens = tokens_of(usage)
-    yield Finish(reason=finish, usage=tokens, cost=prices.cost(model, tokens))
 
 
 class MistralProvider:
@@ -459,26 +471,18 @@ class MistralProvider:
         }
         self._owns_client = http_client is None
         self._client = (
-            http_client
-            if http_client is not None
-            else new_client(self.url, TIMEOUT, transport)
+            http_client if http_client is not None else new_client(self.url, TIMEOUT, transport)
         )
         self._prices = prices if prices is not None else default_prices("mistral")
         self._post = PostTemplate(self._client, self.url, self._headers)
         self._requests = request_cache()
 
-    @asynccontextmanager
-    async def stream(self, request: ProviderRequest) -> AsyncIterator[AsyncIterator[StreamEvent]]:
-        body = self._requests.body(request)
-        async with open_stream(
-            self._post, body=body, provider=self.name, key_env=KEY_ENV
-        ) as response:
-            chunk_model()  # the reply has begun: its first token is still to come
-            data = sse_data(response)
-            async with aclosing(data):
-                events = chunks_to_events(data, request.model or self.model, self._prices)
-                async with aclosing(events):
-                    yield events
+    def stream(self, request: ProviderRequest) -> ChatStream:
+        return ChatStream(self._post, self._requests, request, self.name, KEY_ENV, self._events)
+
+    def _events(self, data: SSEData, request: ProviderRequest) -> MistralEvents:
+        chunk_model()  # the reply has begun: its first token is still to come
+        return MistralEvents(data, request.model or self.model, self._prices)
 
     def forget_requests(self) -> None:
         """Drop the cached wire forms (the session calls this when a turn ends)."""

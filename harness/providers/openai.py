@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
-from contextlib import aclosing, asynccontextmanager
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -21,7 +20,6 @@ from harness.messages.provider import (
     Finish,
     ProviderRequest,
     ReasoningDelta,
-    StreamEvent,
     TextDelta,
     ToolCallEvent,
     UserTurn,
@@ -29,14 +27,14 @@ from harness.messages.provider import (
 from harness.providers.errors import ProviderError, TruncatedStreamError
 from harness.providers.pricing import PriceTable
 from harness.providers.sse import (
+    ChatEvents,
+    ChatStream,
     PostTemplate,
+    SSEData,
     ToolCallAssembler,
     error_for_body,
-    error_for_transport,
     message_of,
     new_client,
-    open_stream,
-    sse_data,
 )
 from harness.providers.wire import SystemText, WireCache, WireMessage, system_text
 
@@ -170,66 +168,79 @@ def _str(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
-async def chunks_to_events(
-    data: AsyncIterator[str], model: str, prices: PriceTable
-) -> AsyncGenerator[StreamEvent, None]:
-    calls = ToolCallAssembler()
-    finish: str | None = None
-    usage: Any = None
-    try:
-        async for payload in data:
-            chunk = _parse_chunk(payload)
-            if chunk.get("usage"):
-                usage = chunk["usage"]
-            for choice in chunk.get("choices") or ():
-                delta = choice.get("delta")
-                if isinstance(delta, dict):
-                    for key in _REASONING_KEYS:
-                        reasoning = delta.get(key)
-                        if isinstance(reasoning, str) and reasoning:
-                            yield ReasoningDelta(reasoning)
-                            break
-                    content = delta.get("content")
-                    if isinstance(content, str) and content:
-                        yield TextDelta(content)
-                    tool_calls = delta.get("tool_calls")
-                    if isinstance(tool_calls, list):
-                        for position, call in enumerate(tool_calls):
-                            if not isinstance(call, dict):
-                                raise ProviderError(
-                                    f"openai: malformed tool call in chunk: {payload[:200]!r}"
-                                )
-                            function = call.get("function")
-                            if not isinstance(function, dict):
-                                function = {}
-                            index = call.get("index")
-                            arguments = function.get("arguments")
-                            has_index = isinstance(index, int)
-                            calls.add(
-                                index if isinstance(index, int) else position,
-                                _str(call.get("id")),
-                                _str(function.get("name")),
-                                arguments if isinstance(arguments, dict) else _str(arguments),
-                                new_id_starts_call=not has_index,
+class OpenAIEvents(ChatEvents):
+    """The events of one OpenAI-compatible reply: lenient about shapes (see the module)."""
+
+    __slots__ = ("_calls", "_finish", "_model", "_prices", "_usage")
+
+    def __init__(self, data: SSEData, model: str, prices: PriceTable) -> None:
+        super().__init__(data, "openai")
+        self._model = model
+        self._prices = prices
+        self._calls = ToolCallAssembler()
+        self._finish: str | None = None
+        self._usage: Any = None
+
+    def take(self, payload: str) -> None:
+        chunk = _parse_chunk(payload)
+        if chunk.get("usage"):
+            self._usage = chunk["usage"]
+        ready = self._ready
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta")
+            if isinstance(delta, dict):
+                for key in _REASONING_KEYS:
+                    reasoning = delta.get(key)
+                    if isinstance(reasoning, str) and reasoning:
+                        ready.append(ReasoningDelta(reasoning))
+                        break
+                content = delta.get("content")
+                if isinstance(content, str) and content:
+                    ready.append(TextDelta(content))
+                tool_calls = delta.get("tool_calls")
+                if isinstance(tool_calls, list):
+                    for position, call in enumerate(tool_calls):
+                        if not isinstance(call, dict):
+                            raise ProviderError(
+                                f"openai: malformed tool call in chunk: {payload[:200]!r}"
                             )
-                reason = choice.get("finish_reason")
-                if isinstance(reason, str) and reason:
-                    finish = reason
-    except httpx.TransportError as exc:
-        raise error_for_transport("openai", exc) from exc
-    if finish is None:
-        raise TruncatedStreamError("openai: the stream ended without a finish reason")
-    for pending in calls.calls:
-        yield ToolCallEvent(
-            id=pending.id or new_tool_call_id(),
-            name=pending.name,
-            arguments=pending.arguments_text(),
-        )
-    # Ollama and some llama.cpp builds finish a tool-calling turn with "stop".
-    if calls.calls and finish == "stop":
-        finish = "tool_calls"
-    tokens = tokens_of(usage)
-    yield Finish(reason=finish, usage=tokens, cost=prices.cost(model, tokens))
+                        function = call.get("function")
+                        if not isinstance(function, dict):
+                            function = {}
+                        index = call.get("index")
+                        arguments = function.get("arguments")
+                        has_index = isinstance(index, int)
+                        self._calls.add(
+                            index if isinstance(index, int) else position,
+                            _str(call.get("id")),
+                            _str(function.get("name")),
+                            arguments if isinstance(arguments, dict) else _str(arguments),
+                            new_id_starts_call=not has_index,
+                        )
+            reason = choice.get("finish_reason")
+            if isinstance(reason, str) and reason:
+                self._finish = reason
+
+    def end(self) -> None:
+        finish = self._finish
+        if finish is None:
+            raise TruncatedStreamError("openai: the stream ended without a finish reason")
+        calls = self._calls.calls
+        ready = self._ready
+        for pending in calls:
+            ready.append(
+                ToolCallEvent(
+                    id=pending.id or new_tool_call_id(),
+                    name=pending.name,
+                    arguments=pending.arguments_text(),
+                )
+            )
+        # Ollama and some llama.cpp builds finish a tool-calling turn with "stop".
+        if calls and finish == "stop":
+            finish = "tool_calls"
+        tokens = tokens_of(self._usage)
+        cost = self._prices.cost(self._model, tokens)
+        ready.append(Finish(reason=finish, usage=tokens, cost=cost))
 
 
 class OpenAIProvider:
@@ -264,17 +275,11 @@ class OpenAIProvider:
         self._post = PostTemplate(self._client, self.url, self._headers)
         self._requests = request_cache()
 
-    @asynccontextmanager
-    async def stream(self, request: ProviderRequest) -> AsyncIterator[AsyncIterator[StreamEvent]]:
-        body = self._requests.body(request)
-        async with open_stream(
-            self._post, body=body, provider=self.name, key_env=KEY_ENV
-        ) as response:
-            data = sse_data(response)
-            async with aclosing(data):
-                events = chunks_to_events(data, request.model or self.model, self._prices)
-                async with aclosing(events):
-                    yield events
+    def stream(self, request: ProviderRequest) -> ChatStream:
+        return ChatStream(self._post, self._requests, request, self.name, KEY_ENV, self._events)
+
+    def _events(self, data: SSEData, request: ProviderRequest) -> OpenAIEvents:
+        return OpenAIEvents(data, request.model or self.model, self._prices)
 
     def forget_requests(self) -> None:
         """Drop the cached wire forms (the session calls this when a turn ends)."""

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, aclosing, asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from types import TracebackType
 
 import trio
 
 from harness.messages.provider import ProviderRequest, StreamEvent
-from harness.providers.base import Provider
+from harness.providers.base import EventStream, Provider
 from harness.providers.errors import RetryableError
 
 # A server's Retry-After is honoured above our own cap, but not without bound.
@@ -70,45 +71,99 @@ def stream_with_retries(
     on_retry: OnRetry,
 ) -> AbstractAsyncContextManager[AsyncIterator[StreamEvent]]:
     """``provider.stream(request)``, retrying a ``RetryableError`` raised before any event."""
-    return _stream_with_retries(provider, request, policy, on_retry)
+    return _RetryingStream(provider, request, policy, on_retry)
 
 
-async def _replay(
-    first: StreamEvent | None, events: AsyncIterator[StreamEvent]
-) -> AsyncGenerator[StreamEvent, None]:
-    if first is None:
-        return
-    yield first
-    async for event in events:
-        yield event
+class _Replay:
+    """The first event, then the rest of ``events``: for a stream that cannot ``unread``."""
+
+    __slots__ = ("_events", "_first")
+
+    def __init__(self, first: StreamEvent, events: AsyncIterator[StreamEvent]) -> None:
+        self._first: StreamEvent | None = first
+        self._events = events
+
+    def __aiter__(self) -> _Replay:
+        return self
+
+    async def __anext__(self) -> StreamEvent:
+        first = self._first
+        if first is not None:
+            self._first = None
+            return first
+        return await self._events.__anext__()
 
 
-@asynccontextmanager
-async def _stream_with_retries(
-    provider: Provider, request: ProviderRequest, policy: RetryPolicy, on_retry: OnRetry
-) -> AsyncIterator[AsyncIterator[StreamEvent]]:
-    attempt = 1
-    while True:
-        failure: RetryableError | None = None
-        async with AsyncExitStack() as stack:
+class _RetryingStream:
+    """The provider's stream, entered again after a failure before its first event.
+
+    A class rather than an ``@asynccontextmanager`` over an ``AsyncExitStack``: those are
+    two generators and a stack per request, and the replay of the first event a generator
+    frame on every event (issue 14). The provider's stream is entered and left here as
+    ``async with`` would: a failed attempt's stream is left before the wait (its
+    connection closed), a retryable failure of its first event leaving it cleanly.
+    """
+
+    __slots__ = ("_on_retry", "_policy", "_provider", "_request", "_stream")
+
+    def __init__(
+        self, provider: Provider, request: ProviderRequest, policy: RetryPolicy, on_retry: OnRetry
+    ) -> None:
+        self._provider = provider
+        self._request = request
+        self._policy = policy
+        self._on_retry = on_retry
+        self._stream: AbstractAsyncContextManager[AsyncIterator[StreamEvent]] | None = None
+
+    async def __aenter__(self) -> AsyncIterator[StreamEvent]:
+        policy = self._policy
+        attempt = 1
+        while True:
             try:
-                events = await stack.enter_async_context(provider.stream(request))
-                # Pull the first event here: the stream counts as started only once one
-                # arrives, and errors before that are the retryable kind.
-                first = await anext(events, None)
-            except RetryableError as exc:
-                failure = exc
-            if failure is None:
-                replay = _replay(first, events)
-                async with aclosing(replay):
-                    yield replay
-                return
-        # The failed attempt's connection is closed by now: nothing is held while waiting.
-        if attempt >= max(1, policy.max_attempts):
-            raise failure
-        delay = policy.delay(attempt, failure.retry_after)
-        await on_retry(
-            RetryNotice(attempt=attempt, delay=delay, at=time.time() + delay, error=str(failure))
-        )
-        await trio.sleep(delay)
-        attempt += 1
+                return await self._attempt()
+            except RetryableError as failure:
+                # The failed attempt's connection is closed by now: nothing is held while
+                # waiting.
+                if attempt >= max(1, policy.max_attempts):
+                    raise
+                delay = policy.delay(attempt, failure.retry_after)
+                await self._on_retry(
+                    RetryNotice(
+                        attempt=attempt, delay=delay, at=time.time() + delay, error=str(failure)
+                    )
+                )
+            await trio.sleep(delay)
+            attempt += 1
+
+    async def _attempt(self) -> AsyncIterator[StreamEvent]:
+        """One attempt: the stream entered and its first event read (the stream counts as
+        started only once one arrives, and errors before that are the retryable kind)."""
+        stream = self._provider.stream(self._request)
+        events = await stream.__aenter__()
+        try:
+            first = await anext(events, None)
+        except RetryableError:
+            await stream.__aexit__(None, None, None)
+            raise
+        except BaseException as error:
+            await stream.__aexit__(type(error), error, error.__traceback__)
+            raise
+        self._stream = stream
+        if first is None:
+            return events  # over already: it says so again
+        if isinstance(events, EventStream):
+            events.unread(first)
+            return events
+        return _Replay(first, events)
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool | None:
+        stream = self._stream
+        if stream is None:
+            return None
+        self._stream = None
+        return await stream.__aexit__(kind, error, traceback)

@@ -15,15 +15,16 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterable, AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterable, Callable
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import trio
 from httpx._utils import get_environment_proxies
 
+from harness.providers.base import EventStream
 from harness.providers.errors import (
     AuthError,
     BadRequestError,
@@ -31,10 +32,19 @@ from harness.providers.errors import (
     ProviderError,
     RetryableError,
 )
-from harness.providers.http11 import H11Transport, ResponseBody, shared_ssl_context
+from harness.providers.http11 import (
+    DirectResponse,
+    H11Transport,
+    PreparedPost,
+    ResponseBody,
+    shared_ssl_context,
+)
 
 if TYPE_CHECKING:
     import ssl  # the client's context, made only for an https URL
+
+    from harness.messages.provider import ProviderRequest
+    from harness.providers.wire import WireCache
 
 DONE = "[DONE]"
 
@@ -142,15 +152,26 @@ class SSEData:
         return self
 
     async def __anext__(self) -> str:
+        if not self._ready and not await self.more():
+            raise StopAsyncIteration
+        return self._ready.popleft()
+
+    def take(self) -> str | None:
+        """The next payload already decoded, if any (``more`` reads on)."""
+        ready = self._ready
+        return ready.popleft() if ready else None
+
+    async def more(self) -> bool:
+        """Read until a payload is ready; False when none ever will be (the body is over)."""
         ready = self._ready
         decoder = self._decoder
         while not ready:
             if self._ended:
-                raise StopAsyncIteration
+                return False
             if decoder.done:  # every payload before [DONE] is taken: now the tail
                 self._ended = True
                 await self._drain()
-                raise StopAsyncIteration
+                return False
             try:
                 chunk = await anext(self._chunks)
             except StopAsyncIteration:
@@ -158,7 +179,7 @@ class SSEData:
                 ready.extend(decoder.end())
                 continue
             ready.extend(decoder.feed(chunk))
-        return ready.popleft()
+        return True
 
     async def _drain(self) -> None:
         chunks = self._chunks
@@ -171,6 +192,10 @@ class SSEData:
 
     async def aclose(self) -> None:
         """Stop: nothing more is read (the response itself is closed by its owner)."""
+        self.stop()
+
+    def stop(self) -> None:
+        """``aclose``, for an owner that closes it as it closes the response."""
         self._ended = True
         self._ready.clear()
 
@@ -418,7 +443,8 @@ class PostTemplate:
     """
 
     __slots__ = (
-        "_direct", "_extensions", "_headers", "_raw", "_url", "client", "headers", "url",
+        "_direct", "_extensions", "_headers", "_prepared", "_raw", "_url", "client",
+        "headers", "url",
     )  # fmt: skip
 
     def __init__(self, client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> None:
@@ -430,6 +456,49 @@ class PostTemplate:
         self._raw: list[tuple[bytes, bytes]] = []
         self._extensions: dict[str, Any] = {}
         self._direct: H11Transport | None = None
+        self._prepared: PreparedPost | None = None
+
+    async def open(self, body: bytes) -> httpx.Response | DirectResponse:
+        """POST ``body`` as ``send`` does; the response's body is still to be read.
+
+        Through the direct transport (see ``send``), once the first request has shown
+        what every request is, the POST goes to its ``post``: the same bytes on the wire,
+        with no ``httpx.Request`` or ``httpx.Response`` made (issue 14). The reply comes
+        back as it is read (``DirectResponse``) unless httpx has something to do with it
+        (a cookie to take, a content coding to undo): then as the ``httpx.Response``
+        ``send`` gives. A request while the client holds a cookie takes ``send``'s way,
+        which sends the cookie back.
+        """
+        client = self.client
+        prepared = self._prepared
+        transport = self._direct
+        if prepared is None or transport is None or not body or client.is_closed:
+            return await self.send(body)
+        if client.cookies:
+            return await self.send(body)
+        reply = await transport.post(prepared, body)
+        if not reply.plain():
+            response = reply.to_httpx()
+            response.request = self.request(body)
+            client.cookies.extract_cookies(response)
+            self._log(response.http_version, response.status_code, response.reason_phrase)
+            return response
+        if _httpx_log.isEnabledFor(logging.INFO):
+            head = reply.head
+            version = b"HTTP/" + head.http_version
+            self._log(
+                version.decode("ascii", errors="ignore"),
+                head.status_code,
+                head.reason.decode("ascii", errors="ignore"),
+            )
+        return reply
+
+    def _log(self, version: str, status: int, reason: str) -> None:
+        """The line ``AsyncClient.send`` writes for each request (at debug only: harness.logs)."""
+        if _httpx_log.isEnabledFor(logging.INFO):
+            _httpx_log.info(
+                'HTTP Request: %s %s "%s %d %s"', "POST", self._url, version, status, reason
+            )
 
     async def send(self, body: bytes) -> httpx.Response:
         """POST ``body``; the response's body is still to be read (``stream=True``).
@@ -484,6 +553,8 @@ class PostTemplate:
                     self._raw = raw[:-1]
                 if isinstance(client, ProviderClient):
                     self._direct = client.direct_transport(request.url)
+                if self._direct is not None and self._raw:
+                    self._prepared = self._direct.prepare_post(sample)
             return request
         if body and self._raw:
             made = httpx.Request(
@@ -500,28 +571,157 @@ class PostTemplate:
         )
 
 
-@asynccontextmanager
-async def open_stream(
-    post: PostTemplate, *, body: bytes, provider: str, key_env: str
-) -> AsyncIterator[httpx.Response]:
-    """POST ``body`` and yield the 200 response; anything else raises a typed error.
+class ChatEvents(EventStream):
+    """The events of one SSE reply, each payload made into events once those before are taken.
 
-    The response is closed on leaving the block by any route, a cancel included (as
-    ``client.stream`` does): a body not read to its end takes its connection with it.
+    Subclasses say what a payload makes (``take``, which appends to ``_ready``) and what
+    the end of the reply makes (``end``: the last events, or the error of a cut reply).
+    A class rather than an async generator per reply (see ``EventStream``): the events
+    come out as a generator would yield them, lazily, and an error a payload raises
+    after some events of its own comes after those events.
     """
-    try:
-        response = await post.send(body)
+
+    __slots__ = ("_data", "_failure", "_over", "provider")
+
+    def __init__(self, data: SSEData, provider: str) -> None:
+        super().__init__()
+        self._data = data
+        self.provider = provider
+        self._over = False  # the end is made, or the stream failed or was closed
+        self._failure: BaseException | None = None  # raised once the events before it are taken
+
+    def take(self, payload: str) -> None:
+        raise NotImplementedError
+
+    def end(self) -> None:
+        raise NotImplementedError
+
+    async def _more(self) -> None:
+        failure = self._failure
+        if failure is not None:
+            self._failure = None
+            raise failure
+        if self._over:
+            raise StopAsyncIteration
+        data = self._data
+        ready = self._ready
+        try:
+            while not ready:
+                payload = data.take()
+                if payload is not None:
+                    try:
+                        self.take(payload)
+                    except ProviderError as error:
+                        if not ready:
+                            raise
+                        self._over = True
+                        self._failure = error
+                elif not await data.more():
+                    self._over = True
+                    self.end()
+        except httpx.TransportError as exc:
+            self._over = True
+            raise error_for_transport(self.provider, exc) from exc
+        except BaseException:
+            self._over = True
+            raise
+
+    def stop(self) -> None:
+        self._over = True
+        self._failure = None
+        self._ready.clear()
+        self._data.stop()
+
+    async def aclose(self) -> None:
+        self.stop()
+
+
+class ChatStream:
+    """One streamed chat completion, as an async context manager: the POST of the request's
+    body, a typed error for any status but 200, then the reply's events.
+
+    Everything is closed on leaving the block by any route, a cancel included (as
+    ``client.stream`` does): a body not read to its end takes its connection with it.
+    httpx's transport errors, entering, leaving or in the block, become the provider's
+    ``RetryableError`` or ``BadRequestError`` (``error_for_transport``). A class rather
+    than ``@asynccontextmanager`` generators (the POST's and the provider's) and the
+    ``aclosing`` blocks around them: each a generator and a layer per request (issue 14).
+    The body is encoded on entering, as the request is sent.
+    """
+
+    __slots__ = ("_events", "_events_of", "_key_env", "_post", "_provider", "_request",
+                 "_requests", "_response")  # fmt: skip
+
+    def __init__(
+        self,
+        post: PostTemplate,
+        requests: WireCache,
+        request: ProviderRequest,
+        provider: str,
+        key_env: str,
+        events_of: Callable[[SSEData, ProviderRequest], ChatEvents],
+    ) -> None:
+        self._post = post
+        self._requests = requests
+        self._request = request
+        self._provider = provider
+        self._key_env = key_env
+        self._events_of = events_of
+        self._response: httpx.Response | DirectResponse | None = None
+        self._events: ChatEvents | None = None
+
+    async def __aenter__(self) -> ChatEvents:
+        body = self._requests.body(self._request)
+        try:
+            response = await self._post.open(body)
+        except (httpx.TransportError, httpx.InvalidURL) as exc:
+            raise error_for_transport(self._provider, exc) from exc
         try:
             if response.status_code != 200:
+                if isinstance(response, DirectResponse):
+                    response = response.to_httpx()
                 raw = await response.aread()
                 raise error_for_status(
-                    provider, key_env, response.status_code, response.headers, raw
+                    self._provider, self._key_env, response.status_code, response.headers, raw
                 )
-            yield response
-        finally:
+            data = (
+                SSEData(response.stream)
+                if isinstance(response, DirectResponse)
+                else sse_data(response)
+            )
+            events = self._events_of(data, self._request)
+        except BaseException as error:
+            await self._close(response, error)
+            raise
+        self._response = response
+        self._events = events
+        return events
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        response = self._response
+        if response is None:
+            return
+        self._response = None
+        if self._events is not None:
+            self._events.stop()
+            self._events = None
+        await self._close(response, error)
+
+    async def _close(
+        self, response: httpx.Response | DirectResponse, error: BaseException | None
+    ) -> None:
+        """Close the response; a transport error (its own, or ``error``) as the provider's."""
+        try:
             await response.aclose()
-    except (httpx.TransportError, httpx.InvalidURL) as exc:
-        raise error_for_transport(provider, exc) from exc
+        except (httpx.TransportError, httpx.InvalidURL) as exc:
+            raise error_for_transport(self._provider, exc) from exc
+        if isinstance(error, httpx.TransportError | httpx.InvalidURL):
+            raise error_for_transport(self._provider, error) from error
 
 
 # --- tool calls --------------------------------------------------------------------------
