@@ -27,22 +27,19 @@ from harness import machine_cache
 from harness.messages.model import Tokens
 from harness.messages.provider import (
     AssistantTurn,
-    Finish,
     ProviderRequest,
     ReasoningDelta,
     TextDelta,
-    ToolCallEvent,
     UserTurn,
 )
-from harness.providers.errors import AuthError, ProviderError, TruncatedStreamError
+from harness.providers.errors import AuthError, ProviderError
 from harness.providers.pricing import PriceTable
 from harness.providers.sdk_models import models_without_the_client
 from harness.providers.sse import (
-    ChatEvents,
+    CallingEvents,
     ChatStream,
     PostTemplate,
     SSEData,
-    ToolCallAssembler,
     error_for_body,
     message_of,
     new_client,
@@ -378,19 +375,14 @@ def _stream_error(data: str) -> ProviderError | None:
     return None
 
 
-class MistralEvents(ChatEvents):
+class MistralEvents(CallingEvents):
     """The events of one Mistral reply: each chunk validated by the SDK's ``CompletionChunk``,
     its text and reasoning as they come, the tool calls and the finish at the end."""
 
-    __slots__ = ("_calls", "_finish", "_model", "_prices", "_usage")
+    __slots__ = ()
 
     def __init__(self, data: SSEData, model: str, prices: PriceTable) -> None:
-        super().__init__(data, "mistral")
-        self._model = model
-        self._prices = prices
-        self._calls = ToolCallAssembler()
-        self._finish: str | None = None
-        self._usage: UsageInfo | None = None
+        super().__init__(data, "mistral", model, prices)
 
     def take(self, payload: str) -> None:
         chunk = _parse_chunk(payload)
@@ -422,26 +414,12 @@ class MistralEvents(ChatEvents):
             if choice.finish_reason is not None:
                 self._finish = str(choice.finish_reason)
 
-    def end(self) -> None:
-        finish = self._finish
-        if finish is None:
-            raise TruncatedStreamError("mistral: the stream ended without a finish reason")
-        calls = self._calls.calls
-        ready = self._ready
-        for pending in calls:
-            ready.append(
-                ToolCallEvent(
-                    id=pending.id or new_tool_call_id(),
-                    name=pending.name,
-                    arguments=pending.arguments_text(),
-                )
-            )
-        if calls and finish == "stop":
-            finish = "tool_calls"
-        tokens = tokens_of(self._usage)
-        ready.append(
-            Finish(reason=finish, usage=tokens, cost=self._prices.cost(self._model, tokens))
-        )
+    def tokens(self) -> Tokens:
+        usage: UsageInfo | None = self._usage
+        return tokens_of(usage)
+
+    def new_call_id(self) -> str:
+        return new_tool_call_id()
 
 
 class MistralProvider:

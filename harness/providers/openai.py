@@ -17,21 +17,18 @@ import httpx
 from harness.messages.model import Tokens
 from harness.messages.provider import (
     AssistantTurn,
-    Finish,
     ProviderRequest,
     ReasoningDelta,
     TextDelta,
-    ToolCallEvent,
     UserTurn,
 )
-from harness.providers.errors import ProviderError, TruncatedStreamError
+from harness.providers.errors import ProviderError
 from harness.providers.pricing import PriceTable
 from harness.providers.sse import (
-    ChatEvents,
+    CallingEvents,
     ChatStream,
     PostTemplate,
     SSEData,
-    ToolCallAssembler,
     error_for_body,
     message_of,
     new_client,
@@ -168,18 +165,13 @@ def _str(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
-class OpenAIEvents(ChatEvents):
+class OpenAIEvents(CallingEvents):
     """The events of one OpenAI-compatible reply: lenient about shapes (see the module)."""
 
-    __slots__ = ("_calls", "_finish", "_model", "_prices", "_usage")
+    __slots__ = ()
 
     def __init__(self, data: SSEData, model: str, prices: PriceTable) -> None:
-        super().__init__(data, "openai")
-        self._model = model
-        self._prices = prices
-        self._calls = ToolCallAssembler()
-        self._finish: str | None = None
-        self._usage: Any = None
+        super().__init__(data, "openai", model, prices)
 
     def take(self, payload: str) -> None:
         chunk = _parse_chunk(payload)
@@ -221,26 +213,11 @@ class OpenAIEvents(ChatEvents):
             if isinstance(reason, str) and reason:
                 self._finish = reason
 
-    def end(self) -> None:
-        finish = self._finish
-        if finish is None:
-            raise TruncatedStreamError("openai: the stream ended without a finish reason")
-        calls = self._calls.calls
-        ready = self._ready
-        for pending in calls:
-            ready.append(
-                ToolCallEvent(
-                    id=pending.id or new_tool_call_id(),
-                    name=pending.name,
-                    arguments=pending.arguments_text(),
-                )
-            )
-        # Ollama and some llama.cpp builds finish a tool-calling turn with "stop".
-        if calls and finish == "stop":
-            finish = "tool_calls"
-        tokens = tokens_of(self._usage)
-        cost = self._prices.cost(self._model, tokens)
-        ready.append(Finish(reason=finish, usage=tokens, cost=cost))
+    def tokens(self) -> Tokens:
+        return tokens_of(self._usage)
+
+    def new_call_id(self) -> str:
+        return new_tool_call_id()
 
 
 class OpenAIProvider:

@@ -24,6 +24,7 @@ import httpx
 import trio
 from httpx._utils import get_environment_proxies
 
+from harness.messages.provider import Finish, ToolCallEvent
 from harness.providers.base import EventStream
 from harness.providers.errors import (
     AuthError,
@@ -31,6 +32,7 @@ from harness.providers.errors import (
     ContextOverflowError,
     ProviderError,
     RetryableError,
+    TruncatedStreamError,
 )
 from harness.providers.http11 import (
     DirectResponse,
@@ -43,7 +45,9 @@ from harness.providers.http11 import (
 if TYPE_CHECKING:
     import ssl  # the client's context, made only for an https URL
 
+    from harness.messages.model import Tokens
     from harness.messages.provider import ProviderRequest
+    from harness.providers.pricing import PriceTable
     from harness.providers.wire import WireCache
 
 DONE = "[DONE]"
@@ -631,6 +635,51 @@ class ChatEvents(EventStream):
         self._failure = None
         self._ready.clear()
         self._data.stop()
+
+
+class CallingEvents(ChatEvents):
+    """A chat reply whose tool calls come in fragments and whose finish and usage come
+    in its chunks (Mistral's and OpenAI's): the calls assembled as they come, and made
+    events with the finish at the end. Subclasses say what a payload adds (``take``),
+    what their usage counts (``tokens``) and the id of a call that came without one
+    (``new_call_id``)."""
+
+    __slots__ = ("_calls", "_finish", "_model", "_prices", "_usage")
+
+    def __init__(self, data: SSEData, provider: str, model: str, prices: PriceTable) -> None:
+        super().__init__(data, provider)
+        self._model = model
+        self._prices = prices
+        self._calls = ToolCallAssembler()
+        self._finish: str | None = None
+        self._usage: Any = None
+
+    def tokens(self) -> Tokens:
+        raise NotImplementedError
+
+    def new_call_id(self) -> str:
+        raise NotImplementedError
+
+    def end(self) -> None:
+        finish = self._finish
+        if finish is None:
+            raise TruncatedStreamError(f"{self.provider}: the stream ended without a finish reason")
+        calls = self._calls.calls
+        ready = self._ready
+        for pending in calls:
+            ready.append(
+                ToolCallEvent(
+                    id=pending.id or self.new_call_id(),
+                    name=pending.name,
+                    arguments=pending.arguments_text(),
+                )
+            )
+        # Ollama, some llama.cpp builds and Mistral finish a tool-calling turn with "stop".
+        if calls and finish == "stop":
+            finish = "tool_calls"
+        tokens = self.tokens()
+        cost = self._prices.cost(self._model, tokens)
+        ready.append(Finish(reason=finish, usage=tokens, cost=cost))
 
     async def aclose(self) -> None:
         self.stop()
