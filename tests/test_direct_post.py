@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from test_http11 import read_head
 
 from harness.messages.provider import ProviderRequest, StreamEvent, TextDelta, UserTurn
 from harness.providers.mistral import MistralProvider
@@ -56,23 +57,12 @@ class RawServer:
         self.url = ""
 
     async def handle(self, stream: trio.SocketStream) -> None:
-        buffer = b""
+        buffer = bytearray()
         while self.replies:
-            while b"\r\n\r\n" not in buffer:
-                more = await stream.receive_some(65536)
-                if not more:
-                    return
-                buffer += more
-            head, _, rest = buffer.partition(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n")[1:]:
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            while len(rest) < length:
-                rest += await stream.receive_some(65536)
-            self.requests.append(head + b"\r\n\r\n" + rest[:length])
-            buffer = rest[length:]
+            request = await read_head(stream, buffer)
+            if not request:
+                return
+            self.requests.append(request)
             await stream.send_all(self.replies.pop(0))
 
 

@@ -25,42 +25,40 @@ from harness.storage.postgres import PostgresLedger
 
 
 @contextmanager
-def round_trips(ledger: PostgresLedger) -> Iterator[list[int]]:
-    """The round trips the writer's connection makes meanwhile: each query (or a
-    statement's parse-bind-execute) ends with the server's ReadyForQuery."""
+def _traced(ledger: PostgresLedger) -> Iterator[list[str]]:
+    """libpq's trace of the writer's connection meanwhile, its lines given at the end."""
     from psycopg.pq import Trace
 
-    counted: list[int] = []
-    pgconn = ledger._write.pgconn
-    with tempfile.TemporaryFile("w+") as trace:
-        pgconn.trace(trace.fileno())
-        pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS)
-        try:
-            yield counted
-        finally:
-            pgconn.untrace()
-            trace.seek(0)
-            counted.append(
-                sum(1 for line in trace if line.startswith("B") and "ReadyForQuery" in line)
-            )
-
-
-@contextmanager
-def sent_queries(ledger: PostgresLedger) -> Iterator[list[str]]:
-    """The text of the simple queries the writer's connection sends meanwhile."""
-    from psycopg.pq import Trace
-
-    sent: list[str] = []
+    lines: list[str] = []
     pgconn = ledger._write.pgconn
     with tempfile.TemporaryFile("w+", errors="replace") as trace:
         pgconn.trace(trace.fileno())
         pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS)
         try:
-            yield sent
+            yield lines
         finally:
             pgconn.untrace()
             trace.seek(0)
-            sent.extend(line for line in trace if line.startswith("F") and "\tQuery\t" in line)
+            lines.extend(trace)
+
+
+@contextmanager
+def round_trips(ledger: PostgresLedger) -> Iterator[list[int]]:
+    """The round trips the writer's connection makes meanwhile: each query (or a
+    statement's parse-bind-execute) ends with the server's ReadyForQuery."""
+    counted: list[int] = []
+    with _traced(ledger) as lines:
+        yield counted
+    counted.append(sum(1 for line in lines if line.startswith("B") and "ReadyForQuery" in line))
+
+
+@contextmanager
+def sent_queries(ledger: PostgresLedger) -> Iterator[list[str]]:
+    """The text of the simple queries the writer's connection sends meanwhile."""
+    sent: list[str] = []
+    with _traced(ledger) as lines:
+        yield sent
+    sent.extend(line for line in lines if line.startswith("F") and "\tQuery\t" in line)
 
 
 def _inbox(session_id: str, item_id: str) -> NewEvent:
