@@ -183,6 +183,26 @@ def test_truncate_never_splits_utf8(tmp_path: Path) -> None:
     assert (tmp_path / "c4.txt").read_text() == text
 
 
+
+@pytest.mark.parametrize(
+    ("text", "fits"),
+    [
+        ("a\nb\nc", True),  # three lines, the last without a newline
+        ("a\nb\nc\n", True),  # the same three lines
+        ("a\nb\nc\nd", False),
+        ("\n\n\n", True),  # three empty lines
+        ("\n\n\n\n", False),
+        ("é" * 5, True),  # 10 bytes: non-ASCII is sized in UTF-8, not in characters
+        ("é" * 5 + "x", False),
+    ],
+)
+def test_truncate_limits_are_exact(tmp_path: Path, text: str, fits: bool) -> None:
+    # The size check counts lines and bytes without splitting: the edges must agree with
+    # what the cut itself counts (3 lines, 10 bytes).
+    out, meta = truncate_output(text, output_dir=tmp_path, call_id="c5", max_lines=3, max_bytes=10)
+    assert (out, meta) == (text, {}) if fits else meta["truncated"] is True
+
+
 # --- read ------------------------------------------------------------------------------
 
 

@@ -27,7 +27,9 @@ def _escape(match: re.Match[str]) -> str:
 
 def shown(text: str) -> str:
     """``text`` as it may leave the process: no lone surrogate left."""
-    if _SURROGATE.search(text) is None:
+    # isascii() reads a flag the string already holds; the search scans every character
+    # (~30 instructions each: a tool's whole output, twice a step).
+    if text.isascii() or _SURROGATE.search(text) is None:
         return text
     return _SURROGATE.sub(_escape, text)
 

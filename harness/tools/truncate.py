@@ -28,10 +28,13 @@ def truncate_output(
     max_bytes: int = MAX_BYTES,
 ) -> tuple[str, dict[str, Any]]:
     """Return ``text`` unchanged if it fits, else its head plus a note naming the full copy."""
-    lines = _split_lines(text)
-    encoded_len = len(text.encode("utf-8"))
-    if len(lines) <= max_lines and encoded_len <= max_bytes:
+    # Sized without copies first (every call's output passes here, and most fit): an ASCII
+    # string's length is its UTF-8 length, and counting newlines builds no list.
+    size = len(text) if text.isascii() else len(text.encode("utf-8"))
+    line_count = text.count("\n") + (0 if not text or text.endswith("\n") else 1)
+    if line_count <= max_lines and size <= max_bytes:
         return text, {}
+    lines = _split_lines(text)
 
     private_dir(output_dir)
     path = output_dir / f"{call_id}.txt"
