@@ -133,7 +133,10 @@ def _build(secrets: Mapping[str, str]) -> _Known:
     pairs: dict[str, str] = {}
     for name, value in secrets.items():
         label = f"[REDACTED:{name}]"
-        for form in (value, json.dumps(value, ensure_ascii=False)[1:-1]):
+        # As it is, and as JSON writes it inside a string: with non-ASCII kept (the ledger,
+        # events) and escaped (log lines, json.dumps's default), the same for ASCII.
+        escaped = json.dumps(value, ensure_ascii=False)[1:-1], json.dumps(value)[1:-1]
+        for form in (value, *escaped):
             pairs.setdefault(form, label)
     ordered = tuple(sorted(pairs.items(), key=lambda item: -len(item[0])))
     if not ordered:

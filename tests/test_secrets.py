@@ -58,6 +58,18 @@ def test_redact_replaces_every_occurrence_and_its_json_form() -> None:
     assert secrets.redact(KEY) == KEY and not secrets.has_secrets()
 
 
+def test_a_non_ascii_secret_is_redacted_from_log_lines(tmp_path: Path) -> None:
+    """A JSON log line escapes non-ASCII (\\u00e4): the secret's escaped form is known too."""
+    value = "pässwörd-ünd-mehr-1234"
+    secrets.refresh_secrets(environ={"DB_PASSWORD": value})
+    log_file = tmp_path / "logs" / "x.jsonl"
+    configure_logging(file=log_file)
+    structlog.get_logger("t").info("connected", dsn=f"postgres://u:{value}@db/x")
+    text = log_file.read_text()
+    assert "[REDACTED:DB_PASSWORD]" in text
+    assert json.dumps(value)[1:-1] not in text and value not in json.loads(text)["dsn"]
+
+
 def test_redact_file_finds_a_key_cut_by_the_block_edge(tmp_path: Path, monkeypatch: Any) -> None:
     secrets.refresh_secrets(environ={"MISTRAL_API_KEY": KEY})
     monkeypatch.setattr(secrets, "_FILE_BLOCK", 16)
