@@ -46,6 +46,7 @@ from harness.messages.model import (
     UserMessage,
 )
 from harness.messages.todo import Todo
+from harness.storage.schema import MCP_EVENTS
 
 if TYPE_CHECKING:
     from harness.storage.pg_live import LiveRelay
@@ -797,9 +798,10 @@ class LedgerPort(ABC):
         """``(session_id, server, data)`` of each MCP server process group recorded and not
         recorded as ended since: what a harness that died may have left running. ``data``
         is the ``mcp.process`` event's (its ``process`` identity, and its ``owner``)."""
+        # In the words of the partial index on them (PostgreSQL's, said with IN, proves
+        # it from these as well).
         rows = self._rows(
-            "SELECT session_id, type, data FROM events"
-            " WHERE type IN ('mcp.process', 'mcp.exited', 'mcp.failed') ORDER BY seq"
+            f"SELECT session_id, type, data FROM events WHERE {MCP_EVENTS} ORDER BY seq"
         )
         open_groups: dict[str, tuple[str, str, dict[str, Any]]] = {}
         for session_id, kind, data in rows:
