@@ -284,6 +284,15 @@ class Ledger(LedgerPort):
                 return self._commit_on_loop(batch)
         return await super()._run_commit(batch)
 
+    def _commits_on_loop(self, events: int, blobs: bool) -> bool:
+        return (
+            self._inline
+            and not blobs
+            and events <= _INLINE_EVENTS
+            and not self._catch_up
+            and self._wal_pages < _WAL_PAGES_MOST
+        )
+
     @trio.lowlevel.enable_ki_protection
     def _commit_on_loop(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerRefused]:
         """``_commit``, where a Ctrl-C waits for its end (Trio then raises it in the main
