@@ -395,3 +395,18 @@ def test_an_event_insert_builds_no_temporary_table_and_mcp_records_keep_their_in
         assert "OpenEphemeral" not in [row[1] for row in program]
     finally:
         ledger.close()
+
+
+def test_an_event_of_a_model_holds_its_json_dump() -> None:
+    """``NewEvent.of`` serializes without ``model_dump``'s frame: the same data."""
+    session = _session(status="busy", title="é \udcff")
+    message = AssistantMessage(
+        id="msg_1", session_id=session.id, parent_id="msg_user", agent="build",
+        model="scripted:x", step=1, created=1.0, cost=float("inf"),
+    )  # fmt: skip
+    tool = ToolPart(
+        id="prt_1", session_id=session.id, message_id=message.id, call_id="c", tool="read",
+        state=ToolCompleted(input={"path": "f"}, output="x\n", start=1.0, end=2.0),
+    )  # fmt: skip
+    for model in (session, message, tool):
+        assert NewEvent.of("part.updated", session.id, model).data == model.model_dump(mode="json")

@@ -92,7 +92,8 @@ class NewEvent:
     @classmethod
     def of(cls, kind: EventType, session_id: str, model: BaseModel) -> NewEvent:
         """The event that records ``model`` (a session, message, part…) as JSON."""
-        return cls(kind, session_id, model.model_dump(mode="json"))
+        # ``model.model_dump(mode="json")`` without its Python frame: a step records ~9.
+        return cls(kind, session_id, model.__pydantic_serializer__.to_python(model, mode="json"))
 
 
 @dataclass(slots=True, frozen=True)

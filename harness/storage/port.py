@@ -454,20 +454,25 @@ class LedgerPort(ABC):
     def _saw_inbox(self, events: Sequence[Event], *, own: bool = False) -> None:
         """What a commit changed that the marks follow: ``own``, this writer's commit
         (else another daemon's, read by the tail)."""
+        marks, written = self._message_marks, self._written
         for event in events:
             kind = event.type
-            if kind == "inbox.added":
-                self._inbox_additions += 1  # a counter, never reused: marks never repeat
-                self._inbox_marks[event.session_id] = self._inbox_additions
-            elif kind in _MESSAGE_EVENTS and event.seq is not None:
-                self._message_marks[event.session_id] = event.seq
-                kept = self._written.get(event.session_id)
+            if kind in _MESSAGE_EVENTS:
+                seq = event.seq
+                if seq is None:
+                    continue
+                session_id = event.session_id
+                marks[session_id] = seq
+                kept = written.get(session_id)
                 if kept is None:
                     continue
                 if not own or kept[1] is None or len(kept[1]) >= _MAX_WRITTEN:
-                    self._written[event.session_id] = (kept[0], None)
+                    written[session_id] = (kept[0], None)
                 else:
                     kept[1].append(event)
+            elif kind == "inbox.added":
+                self._inbox_additions += 1  # a counter, never reused: marks never repeat
+                self._inbox_marks[event.session_id] = self._inbox_additions
 
     def recover(self) -> None:
         """Accept writes again after a failure (new input: there may be space now)."""
@@ -553,11 +558,12 @@ class LedgerPort(ABC):
                     why = "the lease is lost" if fenced else "its session does not exist"
                     log.warning(f"write refused: {why}", error=str(events))
                 continue
-            self._saw_inbox(events, own=True)  # before anyone is answered or woken
             if request.reply is not None:
                 request.reply.send_nowait(events)
             published += events
-        self._after_commit()  # before any checkpoint: no one answered has run yet
+        # Before anyone answered runs, or anyone is woken (no checkpoint until then).
+        self._saw_inbox(published, own=True)
+        self._after_commit()
         return published
 
     def _after_commit(self) -> None:
