@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import apsw
 import pytest
 import trio
 from task_steps import TaskSteps
@@ -21,7 +22,7 @@ from task_steps import TaskSteps
 from harness.messages.events import Event, NewEvent, wait_turn_finished
 from harness.messages.mailbox import FeedMessage, Publish, WriteEvents, ask
 from harness.messages.model import Session
-from harness.storage.ledger import Ledger
+from harness.storage.ledger import Ledger, LedgerError
 
 
 class _Steps(trio.abc.Instrument):
@@ -220,3 +221,39 @@ def _titled(session: Session, title: str) -> list[NewEvent]:
 def _session() -> Session:
     now = time.time()
     return Session(id="ses_a", directory="/tmp", model="scripted:x", created=now, updated=now)
+
+
+async def test_a_failed_commit_made_by_its_caller_fails_its_writers_and_what_follows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk under a flush that commits the posts itself: the flush raises the
+    failure, every later write too (posts dropped), until ``recover``; the ledger holds
+    what it held."""
+    ledger = Ledger(tmp_path / "ledger.db")
+    session = _session()
+    commit = Ledger._commit
+
+    def full(self: Ledger, batch: list[WriteEvents]) -> Any:
+        raise apsw.FullError("database or disk is full")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ledger.run_writer, None)
+        await trio.testing.wait_all_tasks_blocked()
+        await ledger.write([NewEvent.of("session.created", session.id, session)])
+        monkeypatch.setattr(Ledger, "_commit", full)
+        ledger.post(_titled(session, "t1"))
+        with pytest.raises(LedgerError, match="disk full"):
+            await ledger.flush()
+        ledger.post(_titled(session, "t2"))
+        with pytest.raises(LedgerError, match="disk full"):
+            await ledger.write(_titled(session, "t3"))
+        monkeypatch.setattr(Ledger, "_commit", commit)
+        with pytest.raises(LedgerError, match="disk full"):
+            await ledger.flush()  # the failure sticks, the post is dropped
+        ledger.recover()
+        await ledger.write(_titled(session, "t4"))
+        assert [e.seq for e in ledger.events_after(0)] == [1, 2]
+        stored = ledger.session(session.id)
+        assert stored is not None and stored.title == "t4"
+        ledger.close_writer()
+    ledger.close()

@@ -203,8 +203,9 @@ async def wait_turn_finished(
     """Read ``events`` until a turn finishes (see ``finished_turn``); None if they end first."""
     async for first in events:
         for event in with_queued(first, events):
+            if event.type != "turn.finished":  # most: no call to find out
+                continue
             result = finished_turn(event, message_id=message_id, session_id=session_id)
             if result is not None:
                 return result
-    return None
     return None

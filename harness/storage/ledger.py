@@ -1,11 +1,12 @@
 """The SQLite ledger (DESIGN §4): an append-only event log plus projections.
 
 The embedded default backend of the ledger port (harness/storage/port.py, which holds
-the writer actor and the reads). One write connection belongs to the writer task, which
-commits each batch in one transaction. A step's batch (a few dozen events, no file
-contents) commits on the event loop's own thread: with ``synchronous=NORMAL`` a WAL
-commit only appends pages to the WAL file (~0.1–0.3 ms), and a worker thread's round
-trip cost about as much CPU again (issue 14). What used to stall a commit 10–25 ms now
+the writer actor and the reads). One write connection, used by one commit at a time:
+each batch in one transaction. A step's batch (a few dozen events, no file contents)
+commits on the event loop's own thread, by the step's flush itself when the writer
+waits with no batch in hand (``LedgerPort._commit_here``): with ``synchronous=NORMAL``
+a WAL commit only appends pages to the WAL file (~0.1–0.3 ms), and a worker thread's
+round trip cost about as much CPU again (issue 14). What used to stall a commit 10–25 ms now
 and then, the WAL checkpoint, runs on a worker thread of its own (``_checkpoint``);
 larger batches, and every batch with ``durability="full"`` (an fsync each), still
 commit on a worker thread. Reads go through a second connection, on the caller's

@@ -3,12 +3,15 @@
 Two backends stand behind it: ``harness.storage.ledger.Ledger`` (apsw, SQLite: the
 embedded default, one process per file) and ``harness.storage.postgres.PostgresLedger``
 (one database that every daemon shares). What they share lives here: the writer actor
-(one mailbox, batches committed in one transaction on a worker thread, callers
-answered after commit), and every read, written once in SQL both engines speak, with
-``?`` placeholders (the PostgreSQL backend turns them into ``%s``).
+(one queue, batches committed in one transaction, callers answered after commit; a
+small batch the backend commits on the event loop's thread is committed by the caller
+that waits for it, while the writer has none in hand), and every read, written once in
+SQL both engines speak, with ``?`` placeholders (the PostgreSQL backend turns them into
+``%s``).
 
 A backend supplies the connection work: ``_commit`` (append a batch and apply the
-projections, in one transaction), ``_rows`` (one read), ``close``, and for a shared
+projections, in one transaction; ``_commits_on_loop`` and ``_commit_on_loop`` when it
+may run on the event loop's thread), ``_rows`` (one read), ``close``, and for a shared
 ledger the leases: ``claim``/``release`` of a session, and the fence that every write
 carries (``WriteEvents.fence``), so that a daemon that lost a session can never write
 to it again.
@@ -637,8 +640,8 @@ class LedgerPort(ABC):
         """
         lease = fence or current_lease.get()
         if self._may_commit_here(len(events), bool(blobs)):
-            return self._commit_here(WriteEvents(events, None, blobs, lease, exists=exists,
-                                                 claim=claim))  # fmt: skip
+            mine = WriteEvents(events, None, blobs, lease, exists=exists, claim=claim)
+            return self._commit_here(mine)
         # Not ``mailbox.ask``: its ``await send`` is a checkpoint, so a caller already
         # cancelled would never post the write. Queued at once, the events reach the
         # writer whatever happens to the caller next.
@@ -699,6 +702,7 @@ class LedgerPort(ABC):
             and self._commits_on_loop(self._queued_events + events, self._queued_blobs or blobs)
         )
 
+    @trio.lowlevel.enable_ki_protection
     def _commit_here(self, mine: WriteEvents | None) -> list[Event]:
         """Commit what is queued, then ``mine``, in the caller's task, as the writer would:
         its writers answered, its events published. What ``mine`` committed, or why not.
@@ -706,7 +710,8 @@ class LedgerPort(ABC):
         A step's flush finds its posts queued and the writer waiting for company: handed
         to the writer, the batch cost a reply channel, two wake-ups of the writer and one
         of the caller (the scheduler's rounds), for a commit made on the event loop's
-        thread all the same (issue 14).
+        thread all the same (issue 14). A Ctrl-C waits for its end, as for the writer's
+        commit on the loop: never a batch committed and its writers left unanswered.
         """
         batch = self._queue
         if mine is not None:
