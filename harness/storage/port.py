@@ -222,7 +222,8 @@ class LedgerPort(ABC):
         # (a foreign commit heard, a commit refused or failed, too many kept).
         self._written: dict[str, tuple[object, list[Event] | None]] = {}
         # Per session, the writes made under its lease (``fence``) not yet answered by
-        # the writer: while there are none, ``settle`` has nothing to wait for.
+        # the writer: while there are none, ``settle`` has nothing to wait for. Kept by
+        # a shared ledger only: one process's ``settle`` is a flush.
         self._unsettled: dict[str, int] = {}
 
     # --- what a backend provides -----------------------------------------------------------
@@ -483,6 +484,8 @@ class LedgerPort(ABC):
 
     def _settled(self, batch: list[WriteEvents]) -> None:
         """The batch is committed or refused: before its writers hear so (``settle``)."""
+        if not self.cluster:
+            return
         for request in batch:
             if request.fence is not None:
                 session_id = request.fence[0]
@@ -603,7 +606,7 @@ class LedgerPort(ABC):
         self._queued_events += len(request.events)
         if request.blobs:
             self._queued_blobs = True
-        if request.fence is not None:
+        if request.fence is not None and self.cluster:
             session_id = request.fence[0]
             self._unsettled[session_id] = self._unsettled.get(session_id, 0) + 1
         if request.reply is not None or self._due_soonest:
@@ -716,7 +719,7 @@ class LedgerPort(ABC):
         batch = self._queue
         if mine is not None:
             batch.append(mine)
-            if mine.fence is not None:
+            if mine.fence is not None and self.cluster:
                 session_id = mine.fence[0]
                 self._unsettled[session_id] = self._unsettled.get(session_id, 0) + 1
         self._queue = []
