@@ -51,7 +51,7 @@ async def ask(
 # --- ledger writer -------------------------------------------------------------------------
 
 
-@slot_init  # a step makes several (events.py)
+@slot_init  # made on every step: see events.py
 @dataclass(slots=True, frozen=True)
 class WriteEvents:
     """Append events and apply them in one transaction.
@@ -87,7 +87,7 @@ class WriteEvents:
 # --- event feed ----------------------------------------------------------------------------
 
 
-@slot_init  # a step makes several (events.py)
+@slot_init  # made on every step: see events.py
 @dataclass(slots=True, frozen=True)
 class Publish:
     events: Sequence[Event]

@@ -6,11 +6,12 @@ each batch in one transaction. A step's batch (a few dozen events, no file conte
 commits on the event loop's own thread, by the step's flush itself when the writer
 waits with no batch in hand (``LedgerPort._commit_here``): with ``synchronous=NORMAL``
 a WAL commit only appends pages to the WAL file (~0.1–0.3 ms), and a worker thread's
-round trip cost about as much CPU again (issue 14). What used to stall a commit 10–25 ms now
-and then, the WAL checkpoint, runs on a worker thread of its own (``_checkpoint``);
-larger batches, and every batch with ``durability="full"`` (an fsync each), still
-commit on a worker thread. Reads go through a second connection, on the caller's
-thread: they are small, indexed and do not wait for writers in WAL mode.
+round trip cost about as much CPU again (issue 14). What used to stall a commit
+10–25 ms now and then, the WAL checkpoint, runs on a worker thread of its own
+(``_checkpoint``); larger batches, and every batch with ``durability="full"`` (an
+fsync each), still commit on a worker thread, from the writer. Reads go through a
+second connection, on the caller's thread: they are small, indexed and do not wait
+for writers in WAL mode.
 
 What a commit survives: with ``durability="normal"`` (``synchronous=NORMAL``) a committed
 transaction survives a crash of the process; a power loss may lose the last
