@@ -8,9 +8,13 @@ that type was never meant to touch.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import get_args
 
+import pytest
 import trio
 
 from harness.client import WireEvent
@@ -19,11 +23,14 @@ from harness.messages.events import (
     Event,
     EventType,
     LoggedType,
+    NewEvent,
     ProjectedType,
     TurnResult,
     finished_turn,
+    slot_init,
     wait_turn_finished,
 )
+from harness.messages.mailbox import Publish, WriteEvents
 from harness.storage.projections import PROJECTIONS
 
 GROUPS = {"projected": ProjectedType, "logged": LoggedType, "ephemeral": EphemeralType}
@@ -74,3 +81,42 @@ def test_wait_turn_finished_reads_until_the_turn_ends_or_the_events_do() -> None
         assert await wait_turn_finished(events(_finished("msg_other")), message_id="msg_a") is None
 
     trio.run(main)
+
+
+def test_envelopes_made_by_slot_init_are_made_as_dataclass_makes_them() -> None:
+    """``slot_init`` swaps only how an envelope's slots are filled: the same signature,
+    defaults and values as the ``__init__`` that ``dataclass`` writes, still frozen; a
+    class it cannot make that way is refused."""
+
+    @dataclass(slots=True, frozen=True)
+    class Plain:
+        a: int
+        b: str = "b"
+        c: tuple[int, ...] = ()
+
+    @slot_init
+    @dataclass(slots=True, frozen=True)
+    class Fast:
+        a: int
+        b: str = "b"
+        c: tuple[int, ...] = ()
+
+    assert inspect.signature(Fast.__init__) == inspect.signature(Plain.__init__)
+    for args, kwargs in [((1,), {}), ((1, "x"), {"c": (2,)}), ((), {"a": 3, "c": (4,)})]:
+        made, plain = Fast(*args, **kwargs), Plain(*args, **kwargs)
+        assert (made.a, made.b, made.c) == (plain.a, plain.b, plain.c)
+    with pytest.raises(TypeError):
+        Fast()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Fast(1).a = 2  # type: ignore[misc]
+    for envelope in (Event, NewEvent, WriteEvents, Publish):
+        assert envelope.__init__.__qualname__ == f"{envelope.__qualname__}.__init__"
+    event = Event(1, 2.0, "part.updated", "ses_a", {"id": "prt_a"})
+    assert dataclasses.replace(event, seq=2) == Event(2, 2.0, "part.updated", "ses_a", event.data)
+
+    @dataclass(slots=True, frozen=True)
+    class Listed:
+        items: list[int] = dataclasses.field(default_factory=list)
+
+    with pytest.raises(TypeError):
+        slot_init(Listed)

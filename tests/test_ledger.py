@@ -21,7 +21,7 @@ from harness.messages.events import Event, NewEvent
 from harness.messages.mailbox import FeedMessage, Publish, WriteEvents
 from harness.messages.model import Session, TextPart, UserMessage
 from harness.storage.ledger import Ledger, LedgerError
-from harness.storage.port import LedgerFenced, LedgerMissing, LedgerPort, on_worker_thread
+from harness.storage.port import LedgerMissing, LedgerPort, LedgerRefused, on_worker_thread
 from harness.storage.schema import SCHEMA_VERSION
 
 
@@ -122,13 +122,14 @@ async def test_posts_are_ordered_and_flush_waits_for_them(make_ledger: MakeLedge
 
 
 class _CountingLedger(Ledger):
-    """The SQLite ledger, counting the transactions its writer runs."""
+    """The SQLite ledger, counting the transactions it runs (its writer's, and those a
+    caller commits itself: ``LedgerPort._commit_here``)."""
 
     commits = 0
 
-    async def _run_commit(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerFenced]:
+    def _commit(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerRefused]:
         self.commits += 1
-        return await super()._run_commit(batch)
+        return super()._commit(batch)
 
 
 async def test_a_flush_with_nothing_pending_runs_no_transaction(tmp_path: Path) -> None:

@@ -36,6 +36,7 @@ from harness.messages.model import (
     ToolRunning,
 )
 from harness.storage.ledger import Ledger, stored_text
+from harness.storage.schema import MCP_EVENTS, MIGRATIONS, SCHEMA_VERSION
 
 
 @asynccontextmanager
@@ -356,3 +357,56 @@ def test_a_ctrl_c_during_a_commit_on_the_loop_lets_it_finish(
     reopened = Ledger(path, read_only=True)
     assert [m.info.id for m in reopened.messages(session.id)] == ["msg_0001"]
     reopened.close()
+
+
+def test_an_event_insert_builds_no_temporary_table_and_mcp_records_keep_their_index(
+    tmp_path: Path,
+) -> None:
+    """The partial index on MCP process events is checked at every insert of an event:
+    said with an IN list of three, SQLite built a temporary b-tree for it each time
+    (migration 3 says it without one). A ledger of version 2 is migrated; its MCP
+    records are still found, through the index."""
+    path = tmp_path / "ledger.db"
+    conn = apsw.Connection(str(path))
+    with conn:
+        for statement in itertools.chain(*MIGRATIONS[:2]):
+            conn.execute(statement)
+        conn.execute("PRAGMA user_version=2")
+    insert = "INSERT INTO events(ts, session_id, type, data) VALUES (?, ?, ?, ?)"
+    process = {"server": "s", "process": {"pgid": 7}}
+    for kind, data in [
+        ("mcp.process", process),
+        ("part.updated", {"id": "prt_1"}),
+        ("mcp.process", {"server": "t", "process": {"pgid": 8}}),
+        ("mcp.exited", {"server": "t", "process": {"pgid": 8}}),
+    ]:
+        conn.execute(insert, (1.0, "ses_a", kind, json.dumps(data)))
+    conn.close()
+    ledger = Ledger(path)
+    try:
+        assert ledger._rows("PRAGMA user_version") == [(SCHEMA_VERSION,)]
+        assert ledger.mcp_processes() == [("ses_a", "s", process)]
+        plan = ledger._rows(
+            f"EXPLAIN QUERY PLAN SELECT session_id, type, data FROM events WHERE {MCP_EVENTS}"
+            " ORDER BY seq"
+        )
+        assert any("events_mcp" in row[-1] for row in plan), plan
+        program = ledger._write.execute("EXPLAIN " + insert, (1.0, "s", "t", "{}")).fetchall()
+        assert "OpenEphemeral" not in [row[1] for row in program]
+    finally:
+        ledger.close()
+
+
+def test_an_event_of_a_model_holds_its_json_dump() -> None:
+    """``NewEvent.of`` serializes without ``model_dump``'s frame: the same data."""
+    session = _session(status="busy", title="é \udcff")
+    message = AssistantMessage(
+        id="msg_1", session_id=session.id, parent_id="msg_user", agent="build",
+        model="scripted:x", step=1, created=1.0, cost=float("inf"),
+    )  # fmt: skip
+    tool = ToolPart(
+        id="prt_1", session_id=session.id, message_id=message.id, call_id="c", tool="read",
+        state=ToolCompleted(input={"path": "f"}, output="x\n", start=1.0, end=2.0),
+    )  # fmt: skip
+    for model in (session, message, tool):
+        assert NewEvent.of("part.updated", session.id, model).data == model.model_dump(mode="json")

@@ -12,15 +12,17 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import apsw
 import pytest
 import trio
 from task_steps import TaskSteps
 
 from harness.messages.events import Event, NewEvent, wait_turn_finished
-from harness.messages.mailbox import ask
+from harness.messages.mailbox import FeedMessage, Publish, WriteEvents, ask
 from harness.messages.model import Session
-from harness.storage.ledger import Ledger
+from harness.storage.ledger import Ledger, LedgerError
 
 
 class _Steps(trio.abc.Instrument):
@@ -111,6 +113,147 @@ async def test_posts_queue_without_waking_the_writer_and_a_flush_ends_the_wait(
     ledger.close()
 
 
+async def test_a_flush_commits_the_queued_posts_itself_and_the_writer_sleeps_on(
+    tmp_path: Path,
+) -> None:
+    """A step's flush finds its posts queued and the writer waiting for company: it
+    commits them in its own task, publishes them, and neither it nor the writer is
+    scheduled for it. The writer's wait goes on, and later posts still end it."""
+    ledger = Ledger(tmp_path / "ledger.db", post_delay=0.002)
+    send, receive = trio.open_memory_channel[FeedMessage](10)
+    writer = TaskSteps("run_writer")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ledger.run_writer, send)
+        await trio.testing.wait_all_tasks_blocked()
+        trio.lowlevel.add_instrument(writer)
+        session = _session()
+        ledger.post([NewEvent.of("session.created", session.id, session)], within=30.0)
+        ledger.post(_titled(session, "t1"))
+        with scheduled_rounds() as rounds:
+            await ledger.flush()
+            await ledger.flush()  # nothing queued: nothing to do
+            written = await ledger.write(_titled(session, "t2"))
+        assert rounds.count == 0 and writer.count == 0
+        published = [receive.receive_nowait(), receive.receive_nowait()]
+        assert [[e.type for e in m.events] for m in published if isinstance(m, Publish)] == [
+            ["session.created", "session.updated"],
+            ["session.updated"],
+        ]
+        assert [e.seq for e in written] == [3]
+        trio.lowlevel.remove_instrument(writer)
+        # Alone, a post is committed by its bound, by the writer.
+        ledger.post(_titled(session, "t3"))
+        with trio.fail_after(5):
+            message = await receive.receive()
+        assert isinstance(message, Publish) and message.events[0].data["title"] == "t3"
+        ledger.close_writer()
+    ledger.close()
+
+
+async def test_commits_made_by_their_callers_reach_a_full_feed_in_order(tmp_path: Path) -> None:
+    """A feed with no room does not hold up the caller that committed: the writer
+    publishes its events once the feed takes them, and later commits' behind them."""
+    ledger = Ledger(tmp_path / "ledger.db")
+    send, receive = trio.open_memory_channel[FeedMessage](1)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ledger.run_writer, send)
+        await trio.testing.wait_all_tasks_blocked()
+        session = _session()
+        await ledger.write([NewEvent.of("session.created", session.id, session)])  # fills it
+        for title in ("t1", "t2"):
+            with scheduled_rounds() as rounds:
+                await ledger.write(_titled(session, title))
+            assert rounds.count == 0
+        stored = ledger.session(session.id)
+        assert stored is not None and stored.title == "t2"  # committed, not yet heard
+        heard = []
+        with trio.fail_after(5):
+            for _ in range(3):
+                message = await receive.receive()
+                assert isinstance(message, Publish)
+                heard += [event.seq for event in message.events]
+        assert heard == [1, 2, 3]
+        ledger.close_writer()
+    ledger.close()
+
+
+async def test_a_write_made_while_the_writer_commits_waits_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch on a worker thread (file contents to compress) is in the writer's hands:
+    a write made meanwhile goes to the writer, after it."""
+    commit = Ledger._commit
+
+    def slow(self: Ledger, batch: list[WriteEvents]) -> Any:
+        if any(request.blobs for request in batch):
+            time.sleep(0.2)  # on the worker thread
+        return commit(self, batch)
+
+    monkeypatch.setattr(Ledger, "_commit", slow)
+    ledger = Ledger(tmp_path / "ledger.db")
+    session = _session()
+    seqs: dict[str, int | None] = {}
+
+    async def write(events: list[NewEvent], blobs: list[tuple[str, bytes]]) -> None:
+        written = await ledger.write(events, blobs=blobs)
+        seqs[written[0].data["title"]] = written[0].seq
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ledger.run_writer, None)
+        await trio.testing.wait_all_tasks_blocked()
+        await ledger.write([NewEvent.of("session.created", session.id, session)])
+        async with trio.open_nursery() as writers:
+            writers.start_soon(write, _titled(session, "t1"), [("ab" * 32, b"x" * 100_000)])
+            await trio.sleep(0.05)
+            assert ledger._busy
+            writers.start_soon(write, _titled(session, "t2"), [])
+        assert seqs == {"t1": 2, "t2": 3}
+        stored = ledger.session(session.id)
+        assert stored is not None and stored.title == "t2"
+        ledger.close_writer()
+    ledger.close()
+
+
+def _titled(session: Session, title: str) -> list[NewEvent]:
+    return [NewEvent.of("session.updated", session.id, session.model_copy(update={"title": title}))]
+
+
 def _session() -> Session:
     now = time.time()
     return Session(id="ses_a", directory="/tmp", model="scripted:x", created=now, updated=now)
+
+
+async def test_a_failed_commit_made_by_its_caller_fails_its_writers_and_what_follows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk under a flush that commits the posts itself: the flush raises the
+    failure, every later write too (posts dropped), until ``recover``; the ledger holds
+    what it held."""
+    ledger = Ledger(tmp_path / "ledger.db")
+    session = _session()
+    commit = Ledger._commit
+
+    def full(self: Ledger, batch: list[WriteEvents]) -> Any:
+        raise apsw.FullError("database or disk is full")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ledger.run_writer, None)
+        await trio.testing.wait_all_tasks_blocked()
+        await ledger.write([NewEvent.of("session.created", session.id, session)])
+        monkeypatch.setattr(Ledger, "_commit", full)
+        ledger.post(_titled(session, "t1"))
+        with pytest.raises(LedgerError, match="disk full"):
+            await ledger.flush()
+        ledger.post(_titled(session, "t2"))
+        with pytest.raises(LedgerError, match="disk full"):
+            await ledger.write(_titled(session, "t3"))
+        monkeypatch.setattr(Ledger, "_commit", commit)
+        with pytest.raises(LedgerError, match="disk full"):
+            await ledger.flush()  # the failure sticks, the post is dropped
+        ledger.recover()
+        await ledger.write(_titled(session, "t4"))
+        assert [e.seq for e in ledger.events_after(0)] == [1, 2]
+        stored = ledger.session(session.id)
+        assert stored is not None and stored.title == "t4"
+        ledger.close_writer()
+    ledger.close()

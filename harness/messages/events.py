@@ -12,6 +12,7 @@ payloads were validated when their models were built).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import AsyncIterable, Iterator
 from dataclasses import dataclass
@@ -81,6 +82,43 @@ EphemeralType = Literal[
 EventType = Literal[ProjectedType, LoggedType, EphemeralType]
 
 
+_Class = TypeVar("_Class", bound=type)
+
+
+def slot_init(cls: _Class) -> _Class:
+    """``cls``, a frozen slotted dataclass, with an ``__init__`` that fills each slot
+    through its descriptor: the same signature and defaults as the one ``dataclass``
+    writes, which sets each field with ``object.__setattr__(self, name, value)`` (its
+    way round the frozen class's own ``__setattr__``) and so looks each name up on the
+    class again. A ``WriteEvents`` is made in ~0.7 µs instead of ~1.1, an ``Event`` in
+    ~0.4 instead of ~0.7; a step makes ~25 such envelopes (issue 14: ~1.4 % of a wire
+    step's instructions). Written as ``dataclass`` writes its own, from the fields."""
+    fields = dataclasses.fields(cls)
+    if "__post_init__" in vars(cls) or any(
+        f.default_factory is not dataclasses.MISSING or not f.init or f.kw_only for f in fields
+    ):
+        raise TypeError(f"slot_init: {cls.__name__} has fields it does not handle")
+    namespace: dict[str, Any] = {}
+    params: list[str] = []
+    lines: list[str] = []
+    for field in fields:
+        name = field.name
+        namespace[f"_set_{name}"] = getattr(cls, name).__set__
+        if field.default is dataclasses.MISSING:
+            params.append(name)
+        else:
+            namespace[f"_default_{name}"] = field.default
+            params.append(f"{name}=_default_{name}")
+        lines.append(f"    _set_{name}(self, {name})")
+    exec(f"def __init__(self, {', '.join(params)}):\n" + "\n".join(lines), namespace)
+    init = namespace["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__annotations__ = vars(cls)["__init__"].__annotations__
+    setattr(cls, "__init__", init)  # noqa: B010 (a class's method, set as dataclass sets it)
+    return cls
+
+
+@slot_init
 @dataclass(slots=True, frozen=True)
 class NewEvent:
     """An event not yet committed: the writer gives it a ``seq`` and a timestamp."""
@@ -92,9 +130,11 @@ class NewEvent:
     @classmethod
     def of(cls, kind: EventType, session_id: str, model: BaseModel) -> NewEvent:
         """The event that records ``model`` (a session, message, part…) as JSON."""
-        return cls(kind, session_id, model.model_dump(mode="json"))
+        # ``model.model_dump(mode="json")`` without its Python frame: a step records ~9.
+        return cls(kind, session_id, model.__pydantic_serializer__.to_python(model, mode="json"))
 
 
+@slot_init
 @dataclass(slots=True, frozen=True)
 class Event:
     seq: int | None
@@ -202,8 +242,9 @@ async def wait_turn_finished(
     """Read ``events`` until a turn finishes (see ``finished_turn``); None if they end first."""
     async for first in events:
         for event in with_queued(first, events):
+            if event.type != "turn.finished":  # most: no call to find out
+                continue
             result = finished_turn(event, message_id=message_id, session_id=session_id)
             if result is not None:
                 return result
-    return None
     return None

@@ -14,7 +14,7 @@ from typing import TypeVar
 
 import trio
 
-from harness.messages.events import Event, NewEvent, StopReason
+from harness.messages.events import Event, NewEvent, StopReason, slot_init
 from harness.messages.model import Rule
 from harness.messages.permission import (
     PermissionDecision,
@@ -51,6 +51,7 @@ async def ask(
 # --- ledger writer -------------------------------------------------------------------------
 
 
+@slot_init  # made on every step: see events.py
 @dataclass(slots=True, frozen=True)
 class WriteEvents:
     """Append events and apply them in one transaction.
@@ -86,6 +87,7 @@ class WriteEvents:
 # --- event feed ----------------------------------------------------------------------------
 
 
+@slot_init  # made on every step: see events.py
 @dataclass(slots=True, frozen=True)
 class Publish:
     events: Sequence[Event]

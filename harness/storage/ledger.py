@@ -1,15 +1,17 @@
 """The SQLite ledger (DESIGN §4): an append-only event log plus projections.
 
 The embedded default backend of the ledger port (harness/storage/port.py, which holds
-the writer actor and the reads). One write connection belongs to the writer task, which
-commits each batch in one transaction. A step's batch (a few dozen events, no file
-contents) commits on the event loop's own thread: with ``synchronous=NORMAL`` a WAL
-commit only appends pages to the WAL file (~0.1–0.3 ms), and a worker thread's round
-trip cost about as much CPU again (issue 14). What used to stall a commit 10–25 ms now
-and then, the WAL checkpoint, runs on a worker thread of its own (``_checkpoint``);
-larger batches, and every batch with ``durability="full"`` (an fsync each), still
-commit on a worker thread. Reads go through a second connection, on the caller's
-thread: they are small, indexed and do not wait for writers in WAL mode.
+the writer actor and the reads). One write connection, used by one commit at a time:
+each batch in one transaction. A step's batch (a few dozen events, no file contents)
+commits on the event loop's own thread, by the step's flush itself when the writer
+waits with no batch in hand (``LedgerPort._commit_here``): with ``synchronous=NORMAL``
+a WAL commit only appends pages to the WAL file (~0.1–0.3 ms), and a worker thread's
+round trip cost about as much CPU again (issue 14). What used to stall a commit
+10–25 ms now and then, the WAL checkpoint, runs on a worker thread of its own
+(``_checkpoint``); larger batches, and every batch with ``durability="full"`` (an
+fsync each), still commit on a worker thread, from the writer. Reads go through a
+second connection, on the caller's thread: they are small, indexed and do not wait
+for writers in WAL mode.
 
 What a commit survives: with ``durability="normal"`` (``synchronous=NORMAL``) a committed
 transaction survives a crash of the process; a power loss may lose the last
@@ -24,6 +26,7 @@ import json
 import threading
 import time
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import quote
@@ -35,7 +38,7 @@ import trio
 from pydantic_core import PydanticSerializationError
 from pydantic_core import to_json as _to_json
 
-from harness.messages.events import Event, EventType
+from harness.messages.events import Event, EventType, NewEvent
 from harness.messages.mailbox import WriteEvents
 from harness.messages.names import shown_data
 from harness.private import FILE_MODE, private_dir, private_file, tighten
@@ -62,6 +65,16 @@ __all__ = ["Durability", "FileChangeRow", "Ledger", "LedgerError", "LedgerPort"]
 log = structlog.get_logger("harness.ledger")
 
 Durability = Literal["normal", "full"]
+
+# How long a fire-and-forget post waits for company (``LedgerPort.post``): the posts of a
+# step, from its reply's first part to the flush before its next request, share one
+# transaction. With 2 ms a step split in two whenever its work after that part took
+# longer, which a loaded machine makes it do (every step at load 5: a second
+# transaction, a second publish and the wake-ups of both, ~7 % of a wire step's
+# instructions under callgrind). A flush ends the wait at once, so no request waits for
+# it; what it delays is only what observers see of a post nothing flushes soon (a
+# read-only tool's "running"), and by less than the 50 ms that live deltas are gathered.
+POST_DELAY = 0.02
 
 
 # json.dumps with any argument of its own builds a JSONEncoder per call: the writer
@@ -92,16 +105,24 @@ def _encoded(data: dict[str, Any]) -> str:
         return _dumps(data)
 
 
-def stored_text(data: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """An event's data as stored, and its JSON text: shown when not UTF-8, redacted."""
+def stored_text(
+    data: dict[str, Any], redacting: bool | None = None
+) -> tuple[dict[str, Any], str]:
+    """An event's data as stored, and its JSON text: shown when not UTF-8, redacted.
+
+    ``redacting``: whether any secret is known (``has_secrets()``), when the caller
+    asked once for a whole batch."""
     stored = data
-    text = _encoded(stored)
-    if not _encodable(text):
+    try:  # ``_encoded``'s way, without its call: a commit stores ~10 events a step
+        text = _to_json(stored, inf_nan_mode="constants").decode()
+    except (PydanticSerializationError, ValueError, TypeError):
+        text = _dumps(stored)
+    if not text.isascii() and not _encodable(text):
         # A name that is not UTF-8 (or a model's lone surrogate): SQLite and every
         # reader need text, so it is stored as shown (\xff).
         stored = shown_data(stored)
         text = _encoded(stored)
-    if has_secrets():
+    if has_secrets() if redacting is None else redacting:
         # One pass over the serialized text; parsed again only when it held a secret,
         # so what is stored and what is published agree.
         clean = redact(text)
@@ -118,7 +139,7 @@ class Ledger(LedgerPort):
         path: Path,
         *,
         durability: Durability = "normal",
-        post_delay: float = 0.002,
+        post_delay: float = POST_DELAY,
         read_only: bool = False,
     ) -> None:
         """Open (and migrate) the ledger; ``read_only`` for the commands that only read:
@@ -284,6 +305,15 @@ class Ledger(LedgerPort):
                 return self._commit_on_loop(batch)
         return await super()._run_commit(batch)
 
+    def _commits_on_loop(self, events: int, blobs: bool) -> bool:
+        return (
+            self._inline
+            and not blobs
+            and events <= _INLINE_EVENTS
+            and not self._catch_up
+            and self._wal_pages < _WAL_PAGES_MOST
+        )
+
     @trio.lowlevel.enable_ki_protection
     def _commit_on_loop(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerRefused]:
         """``_commit``, where a Ctrl-C waits for its end (Trio then raises it in the main
@@ -309,29 +339,66 @@ class Ledger(LedgerPort):
 
     def _commit(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerRefused]:
         conn = self._write
-        execute = conn.execute
         now = time.time()
         out: list[list[Event] | LedgerRefused] = []
-        rows = LastRows(self._projections)
+        rows = LastRows(conn.executemany, self._projections)
+        redacting = has_secrets()
+        # Events whose requests were checked, appended together (``_append``) before
+        # the next check, which may depend on their projections.
+        appending: list[tuple[list[Event], Sequence[NewEvent]]] = []
         with conn:
             for request in batch:
-                if request.exists is not None and not conn.execute(
-                    "SELECT 1 FROM sessions WHERE id = ?", (request.exists,)
-                ).fetchall():
-                    out.append(LedgerMissing(f"no session {request.exists}"))
-                    continue
+                if request.exists is not None:
+                    if appending:
+                        self._append(appending, now, rows, redacting)
+                        appending = []
+                    if not conn.execute(
+                        "SELECT 1 FROM sessions WHERE id = ?", (request.exists,)
+                    ).fetchall():
+                        out.append(LedgerMissing(f"no session {request.exists}"))
+                        continue
                 for digest, data in request.blobs:
                     _store_blob(conn, digest, data)
                 events: list[Event] = []
-                for new in request.events:
-                    stored, text = stored_text(new.data)
-                    execute(_EVENT_INSERT, (now, new.session_id, new.type, text))
-                    seq = conn.last_insert_rowid()
-                    rows.apply(execute, new.type, seq, stored, text)
-                    events.append(Event(seq, now, new.type, new.session_id, stored))
                 out.append(events)
-            rows.flush(execute)
+                if request.events:
+                    appending.append((events, request.events))
+            if appending:
+                self._append(appending, now, rows, redacting)
+            rows.flush()
         return out
+
+    def _append(
+        self,
+        appending: list[tuple[list[Event], Sequence[NewEvent]]],
+        now: float,
+        rows: LastRows,
+        redacting: bool,
+    ) -> None:
+        """Append requests' events in one statement, then apply them in order, each
+        request's filling its list. One statement, not one an event: a step appends ~9,
+        each an ``execute`` (its cursor, its look-up in the statement cache) and a
+        ``last_insert_rowid``. The seqs are the rowids SQLite gives, one more than the
+        largest each time: the last one's, counted back."""
+        conn = self._write
+        stored: list[tuple[dict[str, Any], str]] = []
+        values: list[tuple[float, str, str, str]] = []
+        for _, news in appending:
+            for new in news:
+                data, text = stored_text(new.data, redacting)
+                stored.append((data, text))
+                values.append((now, new.session_id, new.type, text))
+        conn.executemany(_EVENT_INSERT, values)
+        seq = conn.last_insert_rowid() - len(values)
+        execute = conn.execute
+        at = 0
+        for events, news in appending:
+            for new in news:
+                seq += 1
+                data, text = stored[at]
+                at += 1
+                rows.apply(execute, new.type, seq, data, text)
+                events.append(Event(seq, now, new.type, new.session_id, data))
 
     def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         return self._read.execute(sql, args).fetchall()

@@ -3,12 +3,15 @@
 Two backends stand behind it: ``harness.storage.ledger.Ledger`` (apsw, SQLite: the
 embedded default, one process per file) and ``harness.storage.postgres.PostgresLedger``
 (one database that every daemon shares). What they share lives here: the writer actor
-(one mailbox, batches committed in one transaction on a worker thread, callers
-answered after commit), and every read, written once in SQL both engines speak, with
-``?`` placeholders (the PostgreSQL backend turns them into ``%s``).
+(one queue, batches committed in one transaction, callers answered after commit; a
+small batch the backend commits on the event loop's thread is committed by the caller
+that waits for it, while the writer has none in hand), and every read, written once in
+SQL both engines speak, with ``?`` placeholders (the PostgreSQL backend turns them into
+``%s``).
 
 A backend supplies the connection work: ``_commit`` (append a batch and apply the
-projections, in one transaction), ``_rows`` (one read), ``close``, and for a shared
+projections, in one transaction; ``_commits_on_loop`` and ``_commit_on_loop`` when it
+may run on the event loop's thread), ``_rows`` (one read), ``close``, and for a shared
 ledger the leases: ``claim``/``release`` of a session, and the fence that every write
 carries (``WriteEvents.fence``), so that a daemon that lost a session can never write
 to it again.
@@ -46,6 +49,7 @@ from harness.messages.model import (
     UserMessage,
 )
 from harness.messages.todo import Todo
+from harness.storage.schema import MCP_EVENTS
 
 if TYPE_CHECKING:
     from harness.storage.pg_live import LiveRelay
@@ -183,14 +187,26 @@ class LedgerPort(ABC):
         # of its last good commit.
         self.failure: LedgerError | None = None
         self.hooks: ClusterHooks | None = None
-        self._mailbox_send, self._mailbox_receive = trio.open_memory_channel[WriteEvents](math.inf)
-        # The writer's group-commit wait, while it sleeps; and whether a write someone
-        # awaits (or the close) came in since the batch began, which ends that wait.
-        self._grouping: trio.CancelScope | None = None
-        self._reply_waiting = False
-        # Whether that wait is a longer one a post asked for (``post(within=…)``): then
-        # each post that joins it brings its deadline to its own bound.
-        self._lingering = False
+        # The writes not yet taken by a commit, in order, and how many events and
+        # whether file contents they hold (what decides where they may commit).
+        self._queue: list[WriteEvents] = []
+        self._queued_events = 0
+        self._queued_blobs = False
+        self._closed = False  # ``close_writer`` was called, or the writer ended
+        # The writer's wait for company while it has no batch in hand: its deadline is
+        # ``_due``, the earliest bound of the posts queued (``_enqueue``); a write
+        # someone awaits, or the close, cancels it (``_wake``). None while it works.
+        self._wait: trio.CancelScope | None = None
+        self._due = math.inf
+        # A post bound by ``post_delay`` itself is queued: no later post's bound is
+        # sooner, so later posts need not even read the clock.
+        self._due_soonest = False
+        self._urgent = False  # someone waits on what is queued: the writer waits no more
+        self._busy = False  # the writer has a batch in hand (committing or publishing it)
+        self._feed: trio.MemorySendChannel[FeedMessage] | None = None
+        # Commits made by their callers (``_commit_here``) whose events the feed had no
+        # room for: the writer publishes them, in order, before anything else.
+        self._unpublished: list[list[Event]] = []
         # Per session, a mark that changes whenever this process sees input added to
         # its inbox: committed by its own writer, or read from the log as another
         # daemon's. A session actor that read an empty inbox at mark M need not read it
@@ -206,7 +222,8 @@ class LedgerPort(ABC):
         # (a foreign commit heard, a commit refused or failed, too many kept).
         self._written: dict[str, tuple[object, list[Event] | None]] = {}
         # Per session, the writes made under its lease (``fence``) not yet answered by
-        # the writer: while there are none, ``settle`` has nothing to wait for.
+        # the writer: while there are none, ``settle`` has nothing to wait for. Kept by
+        # a shared ledger only: one process's ``settle`` is a flush.
         self._unsettled: dict[str, int] = {}
 
     # --- what a backend provides -----------------------------------------------------------
@@ -231,6 +248,17 @@ class LedgerPort(ABC):
 
     async def _run_commit(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerRefused]:
         return await on_worker_thread(lambda: self._commit(batch))
+
+    def _commits_on_loop(self, events: int, blobs: bool) -> bool:
+        """Whether a batch of ``events`` events (with file contents, if ``blobs``) would
+        be committed on the event loop's thread, so that its caller may commit it
+        (``_commit_here``). Never, here: a commit that waits for a server or a disk
+        goes to a worker thread, from the writer."""
+        return False
+
+    def _commit_on_loop(self, batch: list[WriteEvents]) -> list[list[Event] | LedgerRefused]:
+        """``_commit`` on the event loop's thread (when ``_commits_on_loop`` said so)."""
+        raise NotImplementedError
 
     def _failure(self, error: Exception) -> tuple[LedgerError, bool]:
         """What a failed commit tells its callers, and whether it sticks (``failure``)."""
@@ -310,49 +338,70 @@ class LedgerPort(ABC):
     ) -> None:
         """The writer actor: commit batches in order, then answer and publish.
 
-        Ends when ``close_writer`` is called and the mailbox is drained, so shielded
+        Ends when ``close_writer`` is called and the queue is drained, so shielded
         cleanup writes made while the rest of the harness is cancelled still land.
+
+        Group commit: nobody waits on a post, so the posts that follow it (a step
+        makes several) may share its transaction. The writer waits for them in one
+        cancel scope, whose deadline each post brings to its own bound (``_enqueue``):
+        a post queues without waking it (a scheduler round each). A write someone
+        awaits, or the close, ends the wait at once (``_wake``), unless its caller
+        commits the queue itself, which a step's flush does (``_commit_here``): then
+        the writer sleeps on, through step after step.
         """
+        self._feed = feed
         task_status.started()
-        async with self._mailbox_receive:
+        try:
             while True:
+                if not self._urgent and not self._closed:
+                    with trio.CancelScope(deadline=self._due) as wait:
+                        self._wait = wait
+                        await trio.sleep_forever()
+                    self._wait = None
+                if self._unpublished:
+                    with trio.CancelScope(shield=True):
+                        await self._publish_unpublished(feed)
+                if not self._queue:  # its caller committed it, or nothing came
+                    self._urgent = False
+                    if self._closed:
+                        return
+                    continue
+                batch = self._take()
+                self._busy = True
                 try:
-                    first = await self._mailbox_receive.receive()
-                except trio.EndOfChannel:
-                    return
-                batch = [first]
-                if first.reply is None and self.post_delay > 0:
-                    # Group commit: nobody waits on a post, so give the posts that follow
-                    # it (a step makes several) a moment to share one transaction. The
-                    # writer sleeps meanwhile rather than waiting on the mailbox, so a
-                    # post queues without waking it (a scheduler round each); a write
-                    # that someone awaits, or the writer's close, ends the wait at once.
-                    # A post that asked to wait longer does, unless others are queued
-                    # behind it already (their bound would not be kept).
-                    delay = self.post_delay
-                    within = first.within
-                    queued = self._mailbox_receive.statistics().current_buffer_used
-                    if within is not None and within > delay and not queued:
-                        delay = within
-                        self._lingering = True
-                    with trio.move_on_after(delay) as grouping:
-                        self._grouping = grouping
-                        if not self._reply_waiting:
-                            await trio.sleep_forever()
-                    self._grouping = None
-                    self._lingering = False
-                # Every write queued by now goes in this batch (no await until it is
-                # taken), so none is left waiting, unless the batch is full.
-                self._reply_waiting = False
-                while len(batch) < _MAX_BATCH:
-                    try:
-                        batch.append(self._mailbox_receive.receive_nowait())
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
-                else:
-                    self._reply_waiting = True  # more queued: no waiting for company
-                with trio.CancelScope(shield=True):
-                    await self._commit_and_answer(batch, feed)
+                    with trio.CancelScope(shield=True):
+                        await self._commit_and_answer(batch, feed)
+                finally:
+                    self._busy = False
+        finally:
+            self._closed = True
+            self._wait = None
+            for request in self._queue:  # left by a writer that failed: no one commits them
+                if request.reply is not None:
+                    request.reply.send_nowait(trio.BrokenResourceError("the ledger's writer ended"))
+            self._queue = []
+
+    def _take(self) -> list[WriteEvents]:
+        """The writer's next batch: everything queued, unless that is more than a batch."""
+        batch = self._queue
+        if len(batch) <= _MAX_BATCH:
+            self._queue = []
+            self._queued_events, self._queued_blobs = 0, False
+            self._urgent = False
+        else:
+            batch, self._queue = batch[:_MAX_BATCH], batch[_MAX_BATCH:]
+            self._queued_events = sum(len(request.events) for request in self._queue)
+            self._queued_blobs = any(request.blobs for request in self._queue)
+            self._urgent = True  # more queued: no waiting for company
+        self._due, self._due_soonest = math.inf, False
+        return batch
+
+    async def _publish_unpublished(self, feed: trio.MemorySendChannel[FeedMessage] | None) -> None:
+        """Publish, in order, what commits made by their callers could not (a full feed).
+        Each stays listed until sent, so that later ones queue behind it."""
+        while self._unpublished:
+            await self._published(self._unpublished[0], feed)
+            del self._unpublished[0]
 
     def inbox_mark(self, session_id: str) -> int:
         """What this process has seen of input added to the session's inbox.
@@ -409,20 +458,25 @@ class LedgerPort(ABC):
     def _saw_inbox(self, events: Sequence[Event], *, own: bool = False) -> None:
         """What a commit changed that the marks follow: ``own``, this writer's commit
         (else another daemon's, read by the tail)."""
+        marks, written = self._message_marks, self._written
         for event in events:
             kind = event.type
-            if kind == "inbox.added":
-                self._inbox_additions += 1  # a counter, never reused: marks never repeat
-                self._inbox_marks[event.session_id] = self._inbox_additions
-            elif kind in _MESSAGE_EVENTS and event.seq is not None:
-                self._message_marks[event.session_id] = event.seq
-                kept = self._written.get(event.session_id)
+            if kind in _MESSAGE_EVENTS:
+                seq = event.seq
+                if seq is None:
+                    continue
+                session_id = event.session_id
+                marks[session_id] = seq
+                kept = written.get(session_id)
                 if kept is None:
                     continue
                 if not own or kept[1] is None or len(kept[1]) >= _MAX_WRITTEN:
-                    self._written[event.session_id] = (kept[0], None)
+                    written[session_id] = (kept[0], None)
                 else:
                     kept[1].append(event)
+            elif kind == "inbox.added":
+                self._inbox_additions += 1  # a counter, never reused: marks never repeat
+                self._inbox_marks[event.session_id] = self._inbox_additions
 
     def recover(self) -> None:
         """Accept writes again after a failure (new input: there may be space now)."""
@@ -430,6 +484,8 @@ class LedgerPort(ABC):
 
     def _settled(self, batch: list[WriteEvents]) -> None:
         """The batch is committed or refused: before its writers hear so (``settle``)."""
+        if not self.cluster:
+            return
         for request in batch:
             if request.fence is not None:
                 session_id = request.fence[0]
@@ -450,10 +506,8 @@ class LedgerPort(ABC):
             return
         if not self.cluster and not any(request.events or request.blobs for request in batch):
             # Only flushes: everything posted before them is committed already (batches go
-            # in order), so there is nothing to wait for. A transaction would cost a
-            # worker-thread round trip (~0.1 ms of CPU), and a wire step makes one, after
-            # the step's posts went in their own group commit. A shared ledger still
-            # commits it: the write's fence is checked there.
+            # in order), so there is nothing to wait for. A shared ledger still commits
+            # it: the write's fence is checked there.
             self._settled(batch)
             for request in batch:
                 if request.reply is not None:
@@ -462,22 +516,40 @@ class LedgerPort(ABC):
         try:
             committed = await self._run_commit(batch)
         except Exception as error:
-            self._settled(batch)
-            for request in batch:  # committed or not, unknown: read them back
-                for new in request.events:
-                    self._lost_written(new.session_id)
-            failure, sticky = self._failure(error)
-            for request in batch:
-                if request.reply is not None:
-                    request.reply.send_nowait(failure)
-            if sticky:
-                # The writer lives on (a dead one would leave shielded waiters waiting
-                # for good): the failure goes to every later write, posts dropped.
-                self.failure = failure
-                log.error("ledger write failed for good", error=str(error))
-            elif not any(request.reply is not None for request in batch):
+            failure, sticky = self._failed(batch, error)
+            if not sticky and not any(request.reply is not None for request in batch):
                 raise failure from error
             return
+        published = self._answer(batch, committed)
+        if published:
+            await self._published(published, feed)
+
+    def _failed(self, batch: list[WriteEvents], error: Exception) -> tuple[LedgerError, bool]:
+        """A batch's commit failed: its writers hear why; whether that sticks
+        (``failure``: every later write fails with it)."""
+        self._settled(batch)
+        for request in batch:  # committed or not, unknown: read them back
+            for new in request.events:
+                self._lost_written(new.session_id)
+        failure, sticky = self._failure(error)
+        for request in batch:
+            if request.reply is not None:
+                request.reply.send_nowait(failure)
+        if sticky:
+            # The writer lives on (a dead one would leave shielded waiters waiting for
+            # good): the failure goes to every later write, posts dropped.
+            self.failure = failure
+            log.error("ledger write failed for good", error=str(error))
+        return failure, sticky
+
+    def _answer(
+        self,
+        batch: list[WriteEvents],
+        committed: list[list[Event] | LedgerRefused],
+        mine: WriteEvents | None = None,
+    ) -> list[Event]:
+        """A batch was committed: its writers hear so (``mine``, the caller's own write
+        when it committed the batch, excepted); the events to publish."""
         self._settled(batch)
         published: list[Event] = []
         for request, events in zip(batch, committed, strict=True):
@@ -488,17 +560,17 @@ class LedgerPort(ABC):
                     self._lost_written(request.fence[0])
                 if request.reply is not None:
                     request.reply.send_nowait(events)
-                else:
+                elif request is not mine:
                     why = "the lease is lost" if fenced else "its session does not exist"
                     log.warning(f"write refused: {why}", error=str(events))
                 continue
-            self._saw_inbox(events, own=True)  # before anyone is answered or woken
             if request.reply is not None:
                 request.reply.send_nowait(events)
-            published.extend(events)
-        self._after_commit()  # before any checkpoint: no one answered has run yet
-        if published:
-            await self._published(published, feed)
+            published += events
+        # Before anyone answered runs, or anyone is woken (no checkpoint until then).
+        self._saw_inbox(published, own=True)
+        self._after_commit()
+        return published
 
     def _after_commit(self) -> None:
         """A batch was committed and its writers answered (they have not run yet)."""
@@ -523,24 +595,34 @@ class LedgerPort(ABC):
         (``post_delay`` 0) nothing waits.
         """
         lease = fence or current_lease.get()
-        self._mailbox_send.send_nowait(
-            WriteEvents(events, blobs=blobs, fence=lease, within=within)
-        )
-        if lease is not None:
-            self._unsettled[lease[0]] = self._unsettled.get(lease[0], 0) + 1
-        if self._lingering:
-            self._joined(within)
+        self._enqueue(WriteEvents(events, blobs=blobs, fence=lease, within=within))
 
-    def _joined(self, within: float | None) -> None:
-        """A post joined a longer wait (``post(within=…)``): the batch is committed by
-        this post's own bound at the latest. Only the first one to join need act: any
-        later post's bound is later still (a ``within`` shorter than ``post_delay``
-        counts as ``post_delay``, as for the first post of a batch)."""
-        grouping = self._grouping
-        if grouping is not None:
-            bound = max(self.post_delay, within or 0.0)
-            grouping.deadline = min(grouping.deadline, trio.current_time() + bound)
-            self._lingering = bound > self.post_delay  # a long one: the next may shorten it
+    def _enqueue(self, request: WriteEvents) -> None:
+        """Queue a write; one nobody awaits brings the writer's deadline to its bound:
+        its ``within``, if longer than ``post_delay``, else ``post_delay``."""
+        if self._closed:
+            raise trio.ClosedResourceError("the ledger's writer is closed")
+        self._queue.append(request)
+        self._queued_events += len(request.events)
+        if request.blobs:
+            self._queued_blobs = True
+        if request.fence is not None and self.cluster:
+            session_id = request.fence[0]
+            self._unsettled[session_id] = self._unsettled.get(session_id, 0) + 1
+        if request.reply is not None or self._due_soonest:
+            return
+        delay = self.post_delay
+        if delay <= 0:
+            self._wake()
+            return
+        within = request.within
+        bound = within if within is not None and within > delay else delay
+        due = trio.current_time() + bound
+        if due < self._due:
+            self._due = due
+            if self._wait is not None:
+                self._wait.deadline = due
+        self._due_soonest = bound == delay
 
     async def write(
         self,
@@ -559,24 +641,33 @@ class LedgerPort(ABC):
         ``claim``, a shared ledger also takes that session's lease in the transaction,
         if free (``WriteEvents.claim``).
         """
-        # Not ``mailbox.ask``: its ``await send`` is a checkpoint, so a caller already
-        # cancelled would never post the write. Posted with send_nowait (the mailbox is
-        # unbounded) the events reach the writer whatever happens to the caller next.
-        reply_send, reply_receive = trio.open_memory_channel[list[Event] | Exception](1)
         lease = fence or current_lease.get()
-        self._mailbox_send.send_nowait(
-            WriteEvents(events, reply_send, blobs, lease, exists=exists, claim=claim)
-        )
-        if lease is not None:
-            self._unsettled[lease[0]] = self._unsettled.get(lease[0], 0) + 1
-        self._end_grouping()
-        answer = await reply_receive.receive()
+        if self._may_commit_here(len(events), bool(blobs)):
+            mine = WriteEvents(events, None, blobs, lease, exists=exists, claim=claim)
+            return self._commit_here(mine)
+        # Not ``mailbox.ask``: its ``await send`` is a checkpoint, so a caller already
+        # cancelled would never post the write. Queued at once, the events reach the
+        # writer whatever happens to the caller next.
+        reply_send, reply_receive = trio.open_memory_channel(1)
+        self._enqueue(WriteEvents(events, reply_send, blobs, lease, exists=exists, claim=claim))
+        self._wake()
+        answer: list[Event] | Exception = await reply_receive.receive()
         if isinstance(answer, Exception):
             raise answer
         return answer
 
     async def flush(self) -> None:
         """Wait until every write posted before this call is committed."""
+        if not self.cluster and not self._closed:
+            if not self._queue and not self._busy:
+                # Batches go in order: everything posted before is committed already. A
+                # shared ledger's flush still commits: its fence is checked there.
+                if self.failure is not None:
+                    raise self.failure
+                return
+            if self._may_commit_here(0, False):
+                self._commit_here(None)
+                return
         await self.write(())
 
     async def settle(self, session_id: str) -> None:
@@ -591,14 +682,84 @@ class LedgerPort(ABC):
             await self.flush()
 
     def close_writer(self) -> None:
-        self._mailbox_send.close()
-        self._end_grouping()
+        self._closed = True
+        self._wake()
 
-    def _end_grouping(self) -> None:
-        """Someone waits on the writer: a batch being gathered is committed now."""
-        self._reply_waiting = True
-        if self._grouping is not None:
-            self._grouping.cancel()
+    def _wake(self) -> None:
+        """Someone waits on the writer: what it has queued is committed now."""
+        self._urgent = True
+        if self._wait is not None:
+            self._wait.cancel()
+
+    def _may_commit_here(self, events: int, blobs: bool) -> bool:
+        """Whether a write of ``events`` events (``blobs``: with file contents) may be
+        committed by its caller, with everything queued before it: the writer waits
+        with no batch in hand, and the backend would commit the batch on the event
+        loop's thread anyway (``_commits_on_loop``)."""
+        return (
+            self._wait is not None
+            and not self._busy
+            and not self._closed
+            and self.failure is None
+            and len(self._queue) < _MAX_BATCH
+            and self._commits_on_loop(self._queued_events + events, self._queued_blobs or blobs)
+        )
+
+    @trio.lowlevel.enable_ki_protection
+    def _commit_here(self, mine: WriteEvents | None) -> list[Event]:
+        """Commit what is queued, then ``mine``, in the caller's task, as the writer would:
+        its writers answered, its events published. What ``mine`` committed, or why not.
+
+        A step's flush finds its posts queued and the writer waiting for company: handed
+        to the writer, the batch cost a reply channel, two wake-ups of the writer and one
+        of the caller (the scheduler's rounds), for a commit made on the event loop's
+        thread all the same (issue 14). A Ctrl-C waits for its end, as for the writer's
+        commit on the loop: never a batch committed and its writers left unanswered.
+        """
+        batch = self._queue
+        if mine is not None:
+            batch.append(mine)
+            if mine.fence is not None and self.cluster:
+                session_id = mine.fence[0]
+                self._unsettled[session_id] = self._unsettled.get(session_id, 0) + 1
+        self._queue = []
+        self._queued_events, self._queued_blobs = 0, False
+        self._urgent = False
+        if self._due_soonest or self._due != math.inf:
+            self._due, self._due_soonest = math.inf, False
+            if self._wait is not None:
+                self._wait.deadline = math.inf  # the writer sleeps on
+        try:
+            committed = self._commit_on_loop(batch)
+        except Exception as error:
+            failure, _ = self._failed(batch, error)
+            raise failure from error
+        published = self._answer(batch, committed, mine)
+        if published:
+            self._publish_here(published)
+        if mine is None:
+            return []
+        result = committed[-1]
+        if isinstance(result, LedgerRefused):
+            raise result
+        return result
+
+    def _publish_here(self, events: list[Event]) -> None:
+        """Publish a commit made by its caller: the feed takes it at once while it has
+        room and nothing waits before it; else the writer publishes it, in order."""
+        feed = self._feed
+        if feed is None:
+            return
+        if not self._unpublished:
+            try:
+                feed.send_nowait(Publish(events))
+                return
+            except trio.WouldBlock:
+                pass
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+        self._unpublished.append(events)
+        self._wake()
 
     # --- reading ---------------------------------------------------------------------------
 
@@ -797,9 +958,10 @@ class LedgerPort(ABC):
         """``(session_id, server, data)`` of each MCP server process group recorded and not
         recorded as ended since: what a harness that died may have left running. ``data``
         is the ``mcp.process`` event's (its ``process`` identity, and its ``owner``)."""
+        # In the words of the partial index on them (PostgreSQL's, said with IN, proves
+        # it from these as well).
         rows = self._rows(
-            "SELECT session_id, type, data FROM events"
-            " WHERE type IN ('mcp.process', 'mcp.exited', 'mcp.failed') ORDER BY seq"
+            f"SELECT session_id, type, data FROM events WHERE {MCP_EVENTS} ORDER BY seq"
         )
         open_groups: dict[str, tuple[str, str, dict[str, Any]]] = {}
         for session_id, kind, data in rows:

@@ -1760,12 +1760,7 @@ class PostgresLedger(LedgerPort):
         self._prompt_claims.pop(session_id, None)
         epoch = self._held.pop(session_id, None)
         if epoch is not None:
-            self._mailbox_send.send_nowait(
-                WriteEvents((), fence=(session_id, epoch), release=True)
-            )
-            self._unsettled[session_id] = self._unsettled.get(session_id, 0) + 1
-            if self._lingering:
-                self._joined(None)
+            self._enqueue(WriteEvents((), fence=(session_id, epoch), release=True))
 
     async def _release_all(self) -> None:
         held, self._held = list(self._held.items()), {}

@@ -20,6 +20,8 @@ from harness.messages.events import EventType
 
 # A write connection's ``execute(sql, args)``; what it returns is not used.
 Execute = Callable[[str, tuple[Any, ...]], object]
+# Its ``executemany(sql, rows)``: one statement, run for each row in turn.
+ExecuteMany = Callable[[str, list[tuple[Any, ...]]], object]
 
 # INSERT OR REPLACE, said in the upsert both engines speak: the row of (call_id, path)
 # takes every new value.
@@ -61,32 +63,30 @@ _PART_UPSERT = (
 )
 
 
-def _message_row(
-    execute: Execute, first_seq: int, first: dict[str, Any], seq: int, text: str
-) -> None:
+def _message_values(
+    first_seq: int, first: dict[str, Any], seq: int, text: str
+) -> tuple[Any, ...]:
     """A message's row as of its event at ``seq`` (``text``), when the first event of it
     in the transaction was ``first`` at ``first_seq``: what a new row takes from its
     first event (its session, role and place) and what it takes from its last."""
-    row = (first["id"], first["session_id"], first["role"], seq, first_seq, text)
-    execute(_MESSAGE_UPSERT, row)
+    return (first["id"], first["session_id"], first["role"], seq, first_seq, text)
 
 
-def _part_row(
-    execute: Execute, first: dict[str, Any], seq: int, data: dict[str, Any], text: str
-) -> None:
+def _part_values(
+    first: dict[str, Any], seq: int, data: dict[str, Any], text: str
+) -> tuple[Any, ...]:
     """A part's row as of its event at ``seq`` (``data``), ``first`` as for messages."""
     state = data.get("state")
     status = state.get("status") if isinstance(state, dict) else None
-    row = (first["id"], first["session_id"], first["message_id"], first["type"], status, seq, text)
-    execute(_PART_UPSERT, row)
+    return (first["id"], first["session_id"], first["message_id"], first["type"], status, seq, text)
 
 
 def _upsert_message(execute: Execute, seq: int, data: dict[str, Any], text: str) -> None:
-    _message_row(execute, seq, data, seq, text)
+    execute(_MESSAGE_UPSERT, _message_values(seq, data, seq, text))
 
 
 def _upsert_part(execute: Execute, seq: int, data: dict[str, Any], text: str) -> None:
-    _part_row(execute, data, seq, data, text)
+    execute(_PART_UPSERT, _part_values(data, seq, data, text))
 
 
 def _add_inbox(execute: Execute, seq: int, data: dict[str, Any], text: str) -> None:
@@ -231,15 +231,19 @@ class LastRows:
     A step's events upsert the same rows several times in one commit (its assistant
     message created then updated; its tool part pending, running, completed): the
     rows after the commit are those of their last upserts, so only those are made (a
-    ``read`` step: 8 statements → 5). The events themselves are all appended, as
-    before. A row held back is written before any projection that could touch the
-    messages or parts tables (a session's deletion), and at ``flush``, before the
-    commit: no read inside the transaction sees them missing.
+    ``read`` step: 8 statements → 5), each table's in one ``executemany``. The events
+    themselves are all appended, as before. A row held back is written before any
+    projection that could touch the messages or parts tables (a session's deletion),
+    and at ``flush``, before the commit: no read inside the transaction sees them
+    missing.
     """
 
-    __slots__ = ("_projections", "_rows")
+    __slots__ = ("_executemany", "_projections", "_rows")
 
-    def __init__(self, projections: dict[EventType, Projection] | None = None) -> None:
+    def __init__(
+        self, executemany: ExecuteMany, projections: dict[EventType, Projection] | None = None
+    ) -> None:
+        self._executemany = executemany
         self._projections = PROJECTIONS if projections is None else projections
         # (table, id) -> [first seq, first data, last seq, last data, last text]
         self._rows: dict[tuple[str, str], list[Any]] = {}
@@ -259,14 +263,21 @@ class LastRows:
         if project is None:
             return
         if kind not in _APART_FROM_ROWS:
-            self.flush(execute)
+            self.flush()
         project(execute, seq, data, text)
 
-    def flush(self, execute: Execute) -> None:
-        """Write the rows held back, in the order their first events came."""
+    def flush(self) -> None:
+        """Write the rows held back, each table's in the order their first events came
+        (the order, and so the rowids, of one statement a row)."""
+        messages: list[tuple[Any, ...]] = []
+        parts: list[tuple[Any, ...]] = []
         for (table, _), (first_seq, first, seq, data, text) in self._rows.items():
             if table == "m":
-                _message_row(execute, first_seq, first, seq, text)
+                messages.append(_message_values(first_seq, first, seq, text))
             else:
-                _part_row(execute, first, seq, data, text)
+                parts.append(_part_values(first, seq, data, text))
+        if messages:
+            self._executemany(_MESSAGE_UPSERT, messages)
+        if parts:
+            self._executemany(_PART_UPSERT, parts)
         self._rows.clear()
