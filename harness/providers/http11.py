@@ -13,7 +13,9 @@ and drops the layers:
   writers, readers and framing rules are called directly, without ``h11.Connection``'s
   state machine (see ``_response``); CONNECT and Upgrade, which only that machine
   handles, are refused, and a connection with bytes left over after a response is not
-  used again;
+  used again. The plain cases every reply is made of (a head received whole, a body's
+  whole chunks) are read by hand to h11's results (``read_plain_head``,
+  ``take_whole_chunks``, each held to h11 by a differential test), the rest by h11;
 - the same errors: httpx's exception types (``ConnectError``, ``ConnectTimeout``,
   ``ReadTimeout``, ``WriteTimeout``, ``ReadError``, ``RemoteProtocolError``…), raised
   where httpcore raised their httpcore twins, and the ``connect``/``read``/``write``
@@ -51,7 +53,7 @@ import trio
 
 # h11's own parsers and writers, without its Connection's state machine (see _response).
 from h11._connection import _body_framing, _keep_alive
-from h11._headers import get_comma_header
+from h11._headers import Headers, get_comma_header
 from h11._readers import (
     ChunkedReader,
     ContentLengthReader,
@@ -367,7 +369,7 @@ class H11Transport(httpx.AsyncBaseTransport):
     async def _response(
         self, connection: _Connection, method: bytes, keep_alive: bool, read_timeout: float | None
     ) -> DirectResponse:
-        """The head of the response to the request just written, through h11's readers.
+        """The head of the response to the request just written, read as h11 reads it.
 
         h11's ``Connection`` runs every event through its state machine (both sides'
         states, keep-alive, protocol switches): ~45 µs of a provider request's ~75 µs of
@@ -376,9 +378,31 @@ class H11Transport(httpx.AsyncBaseTransport):
         (``h11.Request``, its framing and its writers: a body longer or shorter than
         declared still fails) and parses the response (its status-line, header, chunked
         and Content-Length readers, its framing and keep-alive rules, the size limit of
-        an incomplete event), and the bookkeeping is this transport's.
+        an incomplete event), and the bookkeeping is this transport's. A plain head that
+        came whole with the first read is read by ``read_plain_head``, to h11's results.
         """
         connection.reusable = False
+        buffer = connection.buffer
+        if not buffer:
+            # Nothing of the answer yet, as after every request: wait for it first.
+            received = await connection.read(read_timeout)
+            if not received:
+                raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+            buffer += received
+        plain = read_plain_head(buffer, method) if _WHOLE_CHUNKS else None
+        if plain is not None:
+            response, kind, args, head_keeps = plain
+        else:
+            response = await self._h11_head(connection, read_timeout)
+            kind, args = _body_framing(method, response)
+            head_keeps = _keep_alive(response)
+        keep_alive = keep_alive and head_keeps
+        body = ResponseBody(self, connection, _BODY_READERS[kind](*args), keep_alive, read_timeout)
+        return DirectResponse(response, body)
+
+    async def _h11_head(self, connection: _Connection, read_timeout: float | None) -> h11.Response:
+        """The response head through h11's reader, however it comes: in pieces, after
+        informational responses, or malformed (then h11's error)."""
         while True:
             response = connection.parse(maybe_read_from_SEND_RESPONSE_server)
             if response is None:
@@ -390,14 +414,10 @@ class H11Transport(httpx.AsyncBaseTransport):
                 connection.buffer += received
                 continue
             if type(response) is h11.Response:
-                break
+                return response
             if response.status_code == 101:
                 raise httpx.RemoteProtocolError("the server switched protocols (101)")
             # 100 Continue and friends: the answer is still to come.
-        kind, args = _body_framing(method, response)
-        keep_alive = keep_alive and _keep_alive(response)
-        body = ResponseBody(self, connection, _BODY_READERS[kind](*args), keep_alive, read_timeout)
-        return DirectResponse(response, body)
 
     async def _send_request(
         self, connection: _Connection, request: httpx.Request, seconds: float | None
@@ -739,6 +759,85 @@ def _h11_internals_as_known() -> bool:
 
 
 _WHOLE_CHUNKS = _h11_internals_as_known()
+
+# A response head as servers send it: HTTP/1.1, a status (2xx and up) and its reason, then
+# lines of a token, a colon and a value, CRLF throughout, the blank line. The classes are
+# h11's own grammar (``_abnf``): a reason or a value is any bytes but NUL, CR, LF, FF and
+# VT (its \s), and a value's spaces and tabs at either end are not its own. No CR or LF
+# inside a line, and a name (a token) first on each: so the head ends where h11's search
+# for a blank line ends it, and there is no obs-fold to undo.
+_PLAIN_HEAD = re.compile(
+    rb"HTTP/1\.1 ([0-9]{3})(?: ([^\x00\n\r\f\v]*))?\r\n"
+    rb"((?:[-!#$%&'*+.^_`|~0-9A-Za-z]+:[^\x00\n\r\f\v]*\r\n)*)\r\n"
+)
+_CONTENT_LENGTH_DIGITS = 20  # h11's CONTENT_LENGTH_MAX_DIGITS
+
+
+def read_plain_head(
+    buffer: ReceiveBuffer, method: bytes
+) -> tuple[h11.Response, str, tuple[int] | tuple[()], bool] | None:
+    """The response head at the start of ``buffer``, read as h11 reads it, when it is a
+    plain one (``_PLAIN_HEAD``) with plain framing: the ``h11.Response``, the body's
+    framing (``_body_framing``'s kind and arguments) and whether the response lets the
+    connection be kept (``_keep_alive``); the head is taken from the buffer.
+
+    h11's status-line and header readers, its header normalisation and its framing and
+    keep-alive rules are ~60 Python calls for the head every reply has (issue 14). None,
+    the buffer untouched, for anything else: a head not all received, HTTP/1.0, 1xx, an
+    obs-fold or a bare LF, a byte h11 refuses, a Content-Length other than one run of
+    digits, a Transfer-Encoding other than one ``chunked``, both of them; h11 then reads,
+    accepts or refuses it as before (a test holds the two to the same results).
+    """
+    data = buffer._data
+    match = _PLAIN_HEAD.match(data)
+    if match is None:
+        return None
+    code, reason, block = match.groups()
+    status = int(code)
+    if status < 200:
+        return None  # informational, or a protocol switch: h11's
+    items: list[tuple[bytes, bytes, bytes]] = []
+    length: bytes | None = None
+    chunked = False
+    keep_alive = True
+    for line in block.split(b"\r\n")[:-1]:
+        raw_name, _, value = line.partition(b":")
+        value = value.strip(b" \t")
+        name = raw_name.lower()
+        if name == b"content-length":
+            if length is not None or not value.isdigit() or len(value) > _CONTENT_LENGTH_DIGITS:
+                return None  # several, a list, or not a number: h11 judges
+            length = value
+        elif name == b"transfer-encoding":
+            value = value.lower()
+            if chunked or value != b"chunked":
+                return None
+            chunked = True
+        elif name == b"connection" and keep_alive:
+            keep_alive = b"close" not in [word.strip() for word in value.lower().split(b",")]
+        items.append((raw_name, name, value))
+    if chunked and length is not None:
+        return None  # both: h11's rule (Transfer-Encoding wins), read by h11
+    args: tuple[int] | tuple[()]
+    if status in (204, 304) or method == b"HEAD" or (method == b"CONNECT" and status < 300):
+        kind, args = "content-length", (0,)
+    elif chunked:
+        kind, args = "chunked", ()
+    elif length is not None:
+        kind, args = "content-length", (int(length),)
+    else:
+        kind, args = "http/1.0", ()
+    del data[: match.end()]
+    buffer._next_line_search = 0  # as ReceiveBuffer._extract leaves them
+    buffer._multiple_lines_search = 0
+    head = h11.Response(
+        headers=Headers(items),
+        status_code=status,
+        reason=b"" if reason is None else reason,
+        http_version=b"1.1",
+        _parsed=True,
+    )
+    return head, kind, args, keep_alive
 
 
 def take_whole_chunks(
