@@ -218,6 +218,96 @@ async def test_read_timeout_in_the_middle_of_a_body() -> None:
     assert len(accepted) == 2
 
 
+async def test_a_shorter_read_timeout_after_longer_ones_still_ends_its_wait() -> None:
+    """The run's deadline task sleeps until the soonest deadline it was told of: a wait
+    with a sooner one (a shorter timeout) moves it, and ends on time."""
+
+    async def first_answers(stream: trio.abc.Stream) -> None:
+        buffer = bytearray()
+        await read_head(stream, buffer)
+        await trio.sleep(0.05)  # a wait, with the long timeout
+        await stream.send_all(OK)
+        await read_head(stream, buffer)
+        await trio.sleep_forever()
+
+    async with serve(first_answers) as (root, accepted):
+        transport = H11Transport()
+        async with client(transport, read=30.0) as slow, client(transport, read=0.2) as quick:
+            assert (await slow.get(f"{root}/1")).text == "ok"
+            start = trio.current_time()
+            with pytest.raises(httpx.ReadTimeout):
+                await quick.get(f"{root}/2")
+            assert trio.current_time() - start < 2
+    assert len(accepted) == 1  # the second request was on the kept connection
+
+
+async def test_a_read_timeout_ends_only_the_wait_whose_deadline_passed() -> None:
+    """Two waits at once, with different timeouts: the short one times out, the other
+    reads its answer when it comes, and the transport goes on."""
+
+    async def slow_then_silent(stream: trio.abc.Stream) -> None:
+        buffer = bytearray()
+        request = await read_head(stream, buffer)
+        if b" /silent " in request:
+            await trio.sleep_forever()
+        await trio.sleep(0.5)
+        await stream.send_all(OK)
+        while await read_head(stream, buffer):
+            await stream.send_all(OK)
+
+    results: dict[str, object] = {}
+    async with serve(slow_then_silent) as (root, _):
+        transport = H11Transport()
+        async with client(transport, read=0.2) as quick, client(transport, read=5.0) as patient:
+
+            async def get(http: httpx.AsyncClient, path: str) -> None:
+                try:
+                    results[path] = (await http.get(f"{root}{path}")).text
+                except httpx.ReadTimeout as error:
+                    results[path] = error
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(get, quick, "/silent")
+                nursery.start_soon(get, patient, "/slow")
+            assert (await patient.get(f"{root}/again")).text == "ok"
+    assert isinstance(results["/silent"], httpx.ReadTimeout)
+    assert results["/slow"] == "ok"
+
+
+async def test_a_read_timeout_over_tls(tmp_path: Path) -> None:
+    server_context, cert = self_signed(tmp_path)
+
+    async def silent(stream: trio.abc.Stream) -> None:
+        await read_head(stream, bytearray())
+        await trio.sleep_forever()
+
+    transport = H11Transport(ssl.create_default_context(cafile=str(cert)))
+    served = serve(silent, tls=server_context)
+    async with served as (root, accepted), client(transport, read=0.3) as http:
+        for _ in range(2):  # the timed-out connection is dropped; a new one times out too
+            start = trio.current_time()
+            with pytest.raises(httpx.ReadTimeout):
+                await http.get(f"{root}/")
+            assert trio.current_time() - start < 2
+    assert len(accepted) == 2
+
+
+def test_reads_end_on_time_in_run_after_run() -> None:
+    """The deadline task is the run's own: another run starts its own."""
+
+    async def one_run() -> None:
+        async def silent(stream: trio.abc.Stream) -> None:
+            await read_head(stream, bytearray())
+            await trio.sleep_forever()
+
+        async with serve(silent) as (root, _), client(H11Transport(), read=0.1) as http:
+            with trio.fail_after(5), pytest.raises(httpx.ReadTimeout):
+                await http.get(f"{root}/")
+
+    for _ in range(2):
+        trio.run(one_run)
+
+
 async def test_a_tls_handshake_that_never_comes_is_a_connect_timeout() -> None:
     async def mute(stream: trio.abc.Stream) -> None:
         await trio.sleep_forever()

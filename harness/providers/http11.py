@@ -28,8 +28,9 @@ and drops the layers:
   verified context then (httpcore's behaviour too).
 
 Plain TCP is driven on the socket itself (``_SocketConnection``: Trio's waits only when
-the kernel says wait), TLS through a Trio stream; each wait runs in one plain
-``trio.CancelScope`` with the timeout as its deadline. A response body is handed to
+the kernel says wait), TLS through a Trio stream. A read's timeout is kept by one task
+of the run for every waiting connection (``_ReadDeadlines``), a connect's or a write's
+by a ``trio.CancelScope`` with the timeout as its deadline. A response body is handed to
 httpx in the pieces the socket delivers (the events one read completes, joined), not one
 piece per chunk of the chunked encoding. Concurrent requests of one client each take a
 connection of their own.
@@ -100,17 +101,88 @@ _BODY_READERS: dict[str, Any] = {
 _BODY_WRITERS: dict[str, Any] = {"chunked": ChunkedWriter, "content-length": ContentLengthWriter}
 
 
+class _ReadDeadlines:
+    """The read timeouts of one run's waiting connections, kept by one task of the run.
+
+    A cancel scope around each wait cost more than the wait's own round of the scheduler
+    (~57k instructions: its cancel status, its deadline registered and removed, each
+    through a context manager), and a provider's reply waits at least once a step, once
+    a chunk from a real model (issue 14). Here a wait puts its deadline in ``waits``; one
+    system task sleeps until the soonest deadline it knows of, and wakes a wait whose
+    deadline has passed with ``notify_closing``: the wait ends in ``ClosedResourceError``,
+    which its reader makes a ``ReadTimeout`` (the connection is then closed, as after any
+    timeout). Each wait's deadline is usually later than the one before (the same timeout,
+    later), so the task's sleep is moved only when it is not: at the first wait, after an
+    idle spell, or for a shorter timeout.
+    """
+
+    __slots__ = ("_scope", "_wake_at", "waits")
+
+    def __init__(self) -> None:
+        self.waits: dict[_Connection, float] = {}
+        self._wake_at = math.inf  # when the task wakes next
+        self._scope: trio.CancelScope | None = None  # the task's sleep
+
+    def arm(self, connection: _Connection, deadline: float) -> None:
+        connection.timed_out = False
+        self.waits[connection] = deadline
+        if deadline < self._wake_at:
+            self._wake_at = deadline
+            if self._scope is not None:
+                self._scope.deadline = deadline
+
+    async def watch(self) -> None:
+        while True:
+            with trio.CancelScope(deadline=self._wake_at) as scope:
+                self._scope = scope
+                await trio.sleep_forever()
+            self._scope = None
+            now = trio.current_time()
+            soonest = math.inf
+            for connection, deadline in list(self.waits.items()):
+                if deadline <= now:
+                    del self.waits[connection]
+                    connection.timed_out = True
+                    connection.wake()
+                elif deadline < soonest:
+                    soonest = deadline
+            self._wake_at = soonest
+
+
+_DEADLINES: trio.lowlevel.RunVar[_ReadDeadlines] = trio.lowlevel.RunVar("harness_read_deadlines")
+
+
+def _read_deadlines() -> _ReadDeadlines | None:
+    """The run's ``_ReadDeadlines``, its task started with the first wait; None when no
+    task can be started (the run is ending): the wait then takes a cancel scope."""
+    try:
+        return _DEADLINES.get()
+    except LookupError:
+        deadlines = _ReadDeadlines()
+        try:
+            trio.lowlevel.spawn_system_task(deadlines.watch, name="harness.http11 read deadlines")
+        except RuntimeError:
+            return None
+        _DEADLINES.set(deadlines)
+        return deadlines
+
+
 class _Connection:
     """One connection, what it has received and not yet parsed, and whether it may carry
     another exchange (see the two kinds below)."""
 
-    __slots__ = ("buffer", "expires", "origin", "reusable")
+    __slots__ = ("buffer", "expires", "origin", "reusable", "timed_out")
 
     def __init__(self, origin: _Origin) -> None:
         self.origin = origin
         self.buffer = ReceiveBuffer()
         self.reusable = False  # set when an exchange ends cleanly and both sides keep it
         self.expires = 0.0
+        self.timed_out = False  # its wait's deadline passed (``_ReadDeadlines``)
+
+    def wake(self) -> None:
+        """End the read waiting on the socket (``_ReadDeadlines``) with ``ClosedResourceError``."""
+        raise NotImplementedError
 
     async def write(self, data: bytes, seconds: float | None) -> None:
         raise NotImplementedError
@@ -165,6 +237,20 @@ class _StreamConnection(_Connection):
             raise httpx.WriteTimeout("timed out writing the request")
 
     async def read(self, seconds: float | None) -> bytes:
+        if seconds is None or (deadlines := _read_deadlines()) is None:
+            return await self._read_in_scope(seconds)
+        deadlines.arm(self, trio.current_time() + seconds)
+        try:
+            data = await self.stream.receive_some(READ_SIZE)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            if self.timed_out:
+                raise httpx.ReadTimeout("timed out reading the response") from None
+            raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
+        finally:
+            deadlines.waits.pop(self, None)
+        return data if type(data) is bytes else bytes(data)
+
+    async def _read_in_scope(self, seconds: float | None) -> bytes:
         with trio.CancelScope(deadline=_deadline(seconds)) as scope:
             try:
                 data = await self.stream.receive_some(READ_SIZE)
@@ -174,6 +260,9 @@ class _StreamConnection(_Connection):
         if scope.cancelled_caught:
             raise httpx.ReadTimeout("timed out reading the response")
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def wake(self) -> None:
+        trio.lowlevel.notify_closing(self.socket)
 
     async def close(self) -> None:
         await trio.aclose_forcefully(self.stream)
@@ -241,18 +330,34 @@ class _SocketConnection(_Connection):
         else:
             await trio.lowlevel.cancel_shielded_checkpoint()  # fair: yield once anyway
             return data
-        with trio.CancelScope(deadline=_deadline(seconds)) as scope:
-            while True:
-                await trio.lowlevel.wait_readable(sock)
-                try:
-                    return sock.recv(READ_SIZE)
-                except BlockingIOError:
-                    continue  # woken for nothing
-                except OSError as exc:
-                    raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
-        if scope.cancelled_caught:
-            raise httpx.ReadTimeout("timed out reading the response")
-        raise AssertionError("unreachable")  # pragma: no cover
+        if seconds is None or (deadlines := _read_deadlines()) is None:
+            with trio.CancelScope(deadline=_deadline(seconds)):
+                return await self._wait_and_read()
+            raise httpx.ReadTimeout("timed out reading the response")  # the scope's deadline
+        deadlines.arm(self, trio.current_time() + seconds)
+        try:
+            return await self._wait_and_read()
+        except trio.ClosedResourceError:
+            if self.timed_out:
+                raise httpx.ReadTimeout("timed out reading the response") from None
+            raise  # closed by another task, as before
+        finally:
+            deadlines.waits.pop(self, None)
+
+    async def _wait_and_read(self) -> bytes:
+        sock = self.sock
+        while True:
+            await trio.lowlevel.wait_readable(sock)
+            try:
+                return sock.recv(READ_SIZE)
+            except BlockingIOError:
+                continue  # woken for nothing
+            except OSError as exc:
+                raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
+
+    def wake(self) -> None:
+        if self.sock.fileno() != -1:
+            trio.lowlevel.notify_closing(self.sock)
 
     async def close(self) -> None:
         self.drop()
