@@ -78,15 +78,35 @@ class SSEDecoder:
         out: list[str] = []
         if not chunk or self.done:
             return out
-        parts = _EOL.split(self._pending + chunk if self._pending else chunk)
-        pending = parts.pop()
-        # A CR that ends a read may be the first half of a CRLF split across reads.
-        if pending == b"" and chunk.endswith(b"\r"):
-            pending = parts.pop() + b"\r"
+        data = self._pending + chunk if self._pending else chunk
+        if b"\r" in data:
+            parts = _EOL.split(data)
+            pending = parts.pop()
+            # A CR that ends a read may be the first half of a CRLF split across reads.
+            if pending == b"" and chunk.endswith(b"\r"):
+                pending = parts.pop() + b"\r"
+        else:
+            # LF alone, as the chat APIs send it: a plain split, not the regex's scan.
+            parts = data.split(b"\n")
+            pending = parts.pop()
         self._pending = pending
+        lines = self._data
         for line in parts:
-            if self._line(line, out):
-                break
+            # The two lines every event is made of, taken here; any other is _line's.
+            if line[:5] == b"data:":
+                value = line[6:] if line[5:6] == b" " else line[5:]
+                lines.append(value.decode("utf-8", "replace"))
+            elif line or not lines:
+                if self._line(line, out):
+                    break
+                lines = self._data
+            else:
+                payload = "\n".join(lines)
+                lines.clear()
+                if payload == DONE:
+                    self.done = True
+                    break
+                out.append(payload)
         return out
 
     def end(self) -> list[str]:
