@@ -622,6 +622,26 @@ async def test_bodies_of_every_size_arrive_whole_on_one_connection() -> None:
     assert server.connections == 1
 
 
+async def test_a_direct_post_of_any_size_is_the_request_its_head_and_body_make() -> None:
+    """``post`` sends the head and the body in one ``sendmsg``; a body the socket does not
+    take at once (megabytes) is sent on from where it stopped."""
+    bodies = [b"x" * 10, b"y" * 40_000, bytes(range(256)) * 40_000, b"w" * 5]
+    served = wire_server(*[Reply(body="ok") for _ in bodies], keep_alive=True)
+    transport = H11Transport()
+    async with served as server, client(transport) as http:
+        request = http.build_request("POST", f"{server.url}/x", content=b"-")
+        prepared = transport.prepare_post(request)
+        assert prepared is not None
+        for body in bodies:
+            reply = await transport.post(prepared, body)
+            assert reply.status_code == 200
+            assert b"".join([piece async for piece in reply.stream]) == b"ok"
+            await reply.aclose()
+    assert [r.body for r in server.requests] == bodies
+    assert [r.headers["content-length"] for r in server.requests] == [str(len(b)) for b in bodies]
+    assert server.connections == 1
+
+
 _PLAIN_REQUEST = """
 import socket, sys, threading
 from harness import install_lean_imports

@@ -187,6 +187,10 @@ class _Connection:
     async def write(self, data: bytes, seconds: float | None) -> None:
         raise NotImplementedError
 
+    async def write_parts(self, parts: list[bytes], seconds: float | None) -> None:
+        """``write`` of the parts joined (a head and a body)."""
+        await self.write(b"".join(parts), seconds)
+
     async def read(self, seconds: float | None) -> bytes:
         raise NotImplementedError
 
@@ -297,6 +301,24 @@ class _SocketConnection(_Connection):
 
     async def write(self, data: bytes, seconds: float | None) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()
+        await self._send(data, seconds)
+
+    async def write_parts(self, parts: list[bytes], seconds: float | None) -> None:
+        """The parts in one ``sendmsg``, the kernel gathering them: a request's head and
+        body are not joined into one more copy of the body (the whole history, each
+        step). What the socket does not take at once is joined and sent as ``write``
+        sends."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            sent = self.sock.sendmsg(parts)
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:  # a reset, a closed socket
+            raise httpx.WriteError(str(exc) or type(exc).__name__) from exc
+        if sent < sum(map(len, parts)):
+            await self._send(b"".join(parts)[sent:], seconds)
+
+    async def _send(self, data: bytes, seconds: float | None) -> None:
         sock = self.sock
         view = memoryview(data)
         deadline: float | None = None
@@ -452,10 +474,10 @@ class H11Transport(httpx.AsyncBaseTransport):
             raise RuntimeError("the transport has been closed")
         connection = await self._connection(prepared.origin, prepared.connect, prepared.sni)
         try:
-            data = b"".join((prepared.before, b"%d" % len(content), prepared.after, content))
+            parts = [prepared.before, b"%d" % len(content), prepared.after, content]
             keep_alive = prepared.keep_alive
             try:
-                await connection.write(data, prepared.write)
+                await connection.write_parts(parts, prepared.write)
             except httpx.WriteError:
                 keep_alive = False  # as _send_request: the answer is read all the same
             return await self._response(connection, b"POST", keep_alive, prepared.read)
