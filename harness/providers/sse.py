@@ -164,30 +164,30 @@ class SSEData:
     step of the stream; a provider reads one of these per request.
     """
 
-    __slots__ = ("_chunks", "_decoder", "_ended", "_ready")
+    __slots__ = ("_chunks", "_decoder", "_ended", "ready")
 
     def __init__(self, chunks: AsyncIterable[bytes]) -> None:
         self._chunks = aiter(chunks)
         self._decoder = SSEDecoder()
-        self._ready: collections.deque[str] = collections.deque()
+        self.ready: collections.deque[str] = collections.deque()  # decoded, not yet taken
         self._ended = False  # the body is read to its end, or left
 
     def __aiter__(self) -> SSEData:
         return self
 
     async def __anext__(self) -> str:
-        if not self._ready and not await self.more():
+        if not self.ready and not await self.more():
             raise StopAsyncIteration
-        return self._ready.popleft()
+        return self.ready.popleft()
 
     def take(self) -> str | None:
         """The next payload already decoded, if any (``more`` reads on)."""
-        ready = self._ready
+        ready = self.ready
         return ready.popleft() if ready else None
 
     async def more(self) -> bool:
         """Read until a payload is ready; False when none ever will be (the body is over)."""
-        ready = self._ready
+        ready = self.ready
         decoder = self._decoder
         while not ready:
             if self._ended:
@@ -221,7 +221,7 @@ class SSEData:
     def stop(self) -> None:
         """``aclose``, for an owner that closes it as it closes the response."""
         self._ended = True
-        self._ready.clear()
+        self.ready.clear()
 
 
 def aiter_sse_data(chunks: AsyncIterable[bytes]) -> SSEData:
@@ -628,13 +628,13 @@ class ChatEvents(EventStream):
         if self._over:
             raise StopAsyncIteration
         data = self._data
+        payloads = data.ready  # taken from here: a call of data.take() per payload less
         ready = self._ready
         try:
             while not ready:
-                payload = data.take()
-                if payload is not None:
+                if payloads:
                     try:
-                        self.take(payload)
+                        self.take(payloads.popleft())
                     except ProviderError as error:
                         if not ready:
                             raise
