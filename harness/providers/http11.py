@@ -266,7 +266,8 @@ class _StreamConnection(_Connection):
         raise AssertionError("unreachable")  # pragma: no cover
 
     def wake(self) -> None:
-        trio.lowlevel.notify_closing(self.socket)
+        if self.socket.fileno() != -1:
+            trio.lowlevel.notify_closing(self.socket)
 
     async def close(self) -> None:
         await trio.aclose_forcefully(self.stream)
