@@ -187,7 +187,7 @@ class _Connection:
     async def write(self, data: bytes, seconds: float | None) -> None:
         raise NotImplementedError
 
-    async def write_parts(self, parts: list[bytes], seconds: float | None) -> None:
+    async def write_parts(self, parts: list[bytes | bytearray], seconds: float | None) -> None:
         """``write`` of the parts joined (a head and a body)."""
         await self.write(b"".join(parts), seconds)
 
@@ -308,7 +308,7 @@ class _SocketConnection(_Connection):
         await trio.lowlevel.checkpoint_if_cancelled()
         await self._send(data, seconds)
 
-    async def write_parts(self, parts: list[bytes], seconds: float | None) -> None:
+    async def write_parts(self, parts: list[bytes | bytearray], seconds: float | None) -> None:
         """The parts in one ``sendmsg``, the kernel gathering them: a request's head and
         body are not joined into one more copy of the body (the whole history, each
         step). What the socket does not take at once is joined and sent as ``write``
@@ -472,10 +472,11 @@ class H11Transport(httpx.AsyncBaseTransport):
             request.extensions.get("sni_hostname"),
         )
 
-    async def post(self, prepared: PreparedPost, content: bytes) -> DirectResponse:
-        """POST ``content`` with the head ``prepared`` says: the bytes that
-        ``handle_async_request`` writes for the same request, and its response's head
-        read the same way, without an ``httpx.Request`` or ``httpx.Response`` made.
+    async def post(self, prepared: PreparedPost, *content: bytes | bytearray) -> DirectResponse:
+        """POST the body ``content`` (its parts, in order) with the head ``prepared`` says:
+        the bytes that ``handle_async_request`` writes for the same request, and its
+        response's head read the same way, without an ``httpx.Request`` or
+        ``httpx.Response`` made, nor the body's parts joined (``write_parts``).
 
         httpx's models cost a provider's every step ~25 µs of Python: the request's
         headers merged and normalised, the response's headers wrapped, both objects built,
@@ -485,7 +486,8 @@ class H11Transport(httpx.AsyncBaseTransport):
             raise RuntimeError("the transport has been closed")
         connection = await self._connection(prepared.origin, prepared.connect, prepared.sni)
         try:
-            parts = [prepared.before, b"%d" % len(content), prepared.after, content]
+            length = sum(map(len, content))
+            parts = [prepared.before, b"%d" % length, prepared.after, *content]
             keep_alive = prepared.keep_alive
             try:
                 await connection.write_parts(parts, prepared.write)

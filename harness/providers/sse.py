@@ -482,8 +482,9 @@ class PostTemplate:
         self._direct: H11Transport | None = None
         self._prepared: PreparedPost | None = None
 
-    async def open(self, body: bytes) -> httpx.Response | DirectResponse:
-        """POST ``body`` as ``send`` does; the response's body is still to be read.
+    async def open(self, *body: bytes | bytearray) -> httpx.Response | DirectResponse:
+        """POST ``body`` (its parts, in order) as ``send`` does; the response's body is
+        still to be read.
 
         Through the direct transport (see ``send``), once the first request has shown
         what every request is, the POST goes to its ``post``: the same bytes on the wire,
@@ -496,14 +497,16 @@ class PostTemplate:
         client = self.client
         prepared = self._prepared
         transport = self._direct
-        if prepared is None or transport is None or not body or client.is_closed:
-            return await self.send(body)
+        if prepared is None or transport is None or not any(body) or client.is_closed:
+            return await self.send(b"".join(body))
         if client.cookies:
-            return await self.send(body)
-        reply = await transport.post(prepared, body)
+            return await self.send(b"".join(body))
+        # The parts go to the socket as they are (``H11Transport.post``): the whole
+        # history, each step, is not copied once more into one bytes.
+        reply = await transport.post(prepared, *body)
         if not reply.plain():
             response = reply.to_httpx()
-            response.request = self.request(body)
+            response.request = self.request(b"".join(body))
             client.cookies.extract_cookies(response)
             self._log(response.http_version, response.status_code, response.reason_phrase)
             return response
@@ -740,9 +743,9 @@ class ChatStream:
         self._events: ChatEvents | None = None
 
     async def __aenter__(self) -> ChatEvents:
-        body = self._requests.body(self._request)
+        body = self._requests.parts(self._request)
         try:
-            response = await self._post.open(body)
+            response = await self._post.open(*body)
         except (httpx.TransportError, httpx.InvalidURL) as exc:
             raise error_for_transport(self._provider, exc) from exc
         try:
