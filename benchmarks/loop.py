@@ -57,7 +57,7 @@ Memory
 Growth survey (``--phases``)
     The embedded runs again, with each step phase's functions wrapped to add their
     thread CPU to the step they ran in: build history (``History.sync`` and ``.chat``),
-    estimate (``Runner._estimate``), encode (``WireCache.body``), stream parse
+    estimate (``Runner._estimate``), encode (``WireCache.parts``), stream parse
     (``SSEDecoder.feed`` and Mistral's chunk validation), ledger writes (``Ledger._commit``,
     on the thread it ran on); "everything else" is the whole step minus those. Per step in
     steps 1–20 of 20-step runs and steps 181–200 of 200-step runs, best of the runs; then
@@ -283,8 +283,10 @@ PHASES = {
         ("harness.history", "History", "chat"),
     ],
     "estimate": [("harness.actors.runner", "Runner", "_estimate")],
-    # encode_request: what the provider called before WireCache (for a before/after).
+    # encode_request: what the provider called before WireCache (for a before/after);
+    # WireCache.body before the providers took its parts unjoined (WireCache.parts).
     "encode": [
+        ("harness.providers.wire", "WireCache", "parts"),
         ("harness.providers.wire", "WireCache", "body"),
         ("harness.providers.mistral", "encode_request", None),
     ],

@@ -20,13 +20,14 @@ import h11
 import httpx
 import pytest
 import trio
-from h11._readers import ChunkedReader
+from h11._connection import _body_framing, _keep_alive
+from h11._readers import ChunkedReader, maybe_read_from_SEND_RESPONSE_server
 from h11._receivebuffer import ReceiveBuffer
 from wire_server import Reply, chunk, wire_server
 
 from harness.messages.provider import ProviderRequest, TextDelta, UserTurn
 from harness.providers.errors import RetryableError
-from harness.providers.http11 import H11Transport, take_whole_chunks
+from harness.providers.http11 import H11Transport, read_plain_head, take_whole_chunks
 from harness.providers.mistral import MistralProvider
 from harness.providers.openai import OpenAIProvider
 
@@ -217,6 +218,96 @@ async def test_read_timeout_in_the_middle_of_a_body() -> None:
     assert len(accepted) == 2
 
 
+async def test_a_shorter_read_timeout_after_longer_ones_still_ends_its_wait() -> None:
+    """The run's deadline task sleeps until the soonest deadline it was told of: a wait
+    with a sooner one (a shorter timeout) moves it, and ends on time."""
+
+    async def first_answers(stream: trio.abc.Stream) -> None:
+        buffer = bytearray()
+        await read_head(stream, buffer)
+        await trio.sleep(0.05)  # a wait, with the long timeout
+        await stream.send_all(OK)
+        await read_head(stream, buffer)
+        await trio.sleep_forever()
+
+    async with serve(first_answers) as (root, accepted):
+        transport = H11Transport()
+        async with client(transport, read=30.0) as slow, client(transport, read=0.2) as quick:
+            assert (await slow.get(f"{root}/1")).text == "ok"
+            start = trio.current_time()
+            with pytest.raises(httpx.ReadTimeout):
+                await quick.get(f"{root}/2")
+            assert trio.current_time() - start < 2
+    assert len(accepted) == 1  # the second request was on the kept connection
+
+
+async def test_a_read_timeout_ends_only_the_wait_whose_deadline_passed() -> None:
+    """Two waits at once, with different timeouts: the short one times out, the other
+    reads its answer when it comes, and the transport goes on."""
+
+    async def slow_then_silent(stream: trio.abc.Stream) -> None:
+        buffer = bytearray()
+        request = await read_head(stream, buffer)
+        if b" /silent " in request:
+            await trio.sleep_forever()
+        await trio.sleep(0.5)
+        await stream.send_all(OK)
+        while await read_head(stream, buffer):
+            await stream.send_all(OK)
+
+    results: dict[str, object] = {}
+    async with serve(slow_then_silent) as (root, _):
+        transport = H11Transport()
+        async with client(transport, read=0.2) as quick, client(transport, read=5.0) as patient:
+
+            async def get(http: httpx.AsyncClient, path: str) -> None:
+                try:
+                    results[path] = (await http.get(f"{root}{path}")).text
+                except httpx.ReadTimeout as error:
+                    results[path] = error
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(get, quick, "/silent")
+                nursery.start_soon(get, patient, "/slow")
+            assert (await patient.get(f"{root}/again")).text == "ok"
+    assert isinstance(results["/silent"], httpx.ReadTimeout)
+    assert results["/slow"] == "ok"
+
+
+async def test_a_read_timeout_over_tls(tmp_path: Path) -> None:
+    server_context, cert = self_signed(tmp_path)
+
+    async def silent(stream: trio.abc.Stream) -> None:
+        await read_head(stream, bytearray())
+        await trio.sleep_forever()
+
+    transport = H11Transport(ssl.create_default_context(cafile=str(cert)))
+    served = serve(silent, tls=server_context)
+    async with served as (root, accepted), client(transport, read=0.3) as http:
+        for _ in range(2):  # the timed-out connection is dropped; a new one times out too
+            start = trio.current_time()
+            with pytest.raises(httpx.ReadTimeout):
+                await http.get(f"{root}/")
+            assert trio.current_time() - start < 2
+    assert len(accepted) == 2
+
+
+def test_reads_end_on_time_in_run_after_run() -> None:
+    """The deadline task is the run's own: another run starts its own."""
+
+    async def one_run() -> None:
+        async def silent(stream: trio.abc.Stream) -> None:
+            await read_head(stream, bytearray())
+            await trio.sleep_forever()
+
+        async with serve(silent) as (root, _), client(H11Transport(), read=0.1) as http:
+            with trio.fail_after(5), pytest.raises(httpx.ReadTimeout):
+                await http.get(f"{root}/")
+
+    for _ in range(2):
+        trio.run(one_run)
+
+
 async def test_a_tls_handshake_that_never_comes_is_a_connect_timeout() -> None:
     async def mute(stream: trio.abc.Stream) -> None:
         await trio.sleep_forever()
@@ -292,8 +383,13 @@ FRESH = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nfresh"
         (b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok", "ok", False),
         (b"HTTP/1.0 200 OK\r\n\r\nuntil the end", "until the end", False),
         (b"HTTP/1.1 200 OK\n\n", "", False),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 50\r\ntransfer-encoding: chunked\r\n\r\n"
+         b"2\r\nok\r\n0\r\n\r\n", "ok", True),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2, 2\r\nConnection: keep-alive, Close\r\n\r\nok",
+         "ok", False),
     ],
-    ids=["chunked-trailers", "continue-first", "no-content", "close", "http10", "bare-lf"],
+    ids=["chunked-trailers", "continue-first", "no-content", "close", "http10", "bare-lf",
+         "length-and-chunked", "length-list-and-close"],
 )
 async def test_response_framings(reply: bytes, text: str, reused: bool) -> None:
     """h11's framing rules, read without its Connection: the body, and whether it is kept."""
@@ -324,8 +420,15 @@ async def test_response_framings(reply: bytes, text: str, reused: bool) -> None:
         (b"HTTP/1.1 200 OK\r\nbad header\r\n\r\n", "header"),
         (b"HTTP/1.1 200 OK\r\nx: " + b"y" * (110 * 1024), "too long"),
         (b"HTTP/1.1 101 Switching Protocols\r\n\r\n", "(?i)switch"),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 1,2\r\n\r\nx", "Content-Length"),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\nx", "Content-Length"),
+        (b"HTTP/1.1 200 OK\r\nx: a\x00b\r\ncontent-length: 0\r\n\r\n", "header"),
+        (b"HTTP/1.1 200 OK\r\n folded: 1\r\n\r\n", "continuation"),
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n\r\n",
+         "Transfer-Encoding"),
     ],
-    ids=["te-gzip", "two-lengths", "chunk-size", "chunk-end", "header", "huge-head", "101"],
+    ids=["te-gzip", "two-lengths", "chunk-size", "chunk-end", "header", "huge-head", "101",
+         "length-list", "negative-length", "nul-in-value", "fold-first", "two-chunked"],
 )
 async def test_malformed_responses_fail_as_h11_says(reply: bytes, message: str) -> None:
     async def broken(stream: trio.abc.Stream) -> None:
@@ -519,6 +622,26 @@ async def test_bodies_of_every_size_arrive_whole_on_one_connection() -> None:
     assert server.connections == 1
 
 
+async def test_a_direct_post_of_any_size_is_the_request_its_head_and_body_make() -> None:
+    """``post`` sends the head and the body in one ``sendmsg``; a body the socket does not
+    take at once (megabytes) is sent on from where it stopped."""
+    bodies = [b"x" * 10, b"y" * 40_000, bytes(range(256)) * 40_000, b"w" * 5]
+    served = wire_server(*[Reply(body="ok") for _ in bodies], keep_alive=True)
+    transport = H11Transport()
+    async with served as server, client(transport) as http:
+        request = http.build_request("POST", f"{server.url}/x", content=b"-")
+        prepared = transport.prepare_post(request)
+        assert prepared is not None
+        for body in bodies:
+            reply = await transport.post(prepared, body)
+            assert reply.status_code == 200
+            assert b"".join([piece async for piece in reply.stream]) == b"ok"
+            await reply.aclose()
+    assert [r.body for r in server.requests] == bodies
+    assert [r.headers["content-length"] for r in server.requests] == [str(len(b)) for b in bodies]
+    assert server.connections == 1
+
+
 _PLAIN_REQUEST = """
 import socket, sys, threading
 from harness import install_lean_imports
@@ -697,3 +820,184 @@ async def test_a_stream_of_whole_chunks_is_read_without_h11s_chunk_reader(
         body = await response.aread()
     assert body == b"".join(payloads)
     assert calls == []
+
+
+# --- plain response heads read without h11's reader (read_plain_head) ---------------------
+
+# Header values, names: h11's first (10 values, 7 names), then what it refuses.
+_HEADER_VALUES = [
+    b"text/event-stream", b"", b"  spaced  ", b"a\tb", b"\xff\xfe", b"\x01", b"x" * 300,
+    b"v: with a colon", b"\t", b" ", b"a\x00b", b"a\x0bb", b"a\x0cb",
+]  # fmt: skip
+_FRAMING_VALUES = {
+    b"content-length": [b"2", b"0", b"00", b"123", b" 7 ", b"1, 1", b"1,2", b"", b"-1",
+                        b"1" * 20, b"1" * 21, b"0x10", b"\xd9\xa3", b"1\t"],
+    b"transfer-encoding": [b"chunked", b"Chunked", b" chunked\t", b"gzip", b"gzip, chunked",
+                           b"chunked, chunked", b"", b"identity"],
+    b"connection": [b"close", b"Close", b"keep-alive", b"keep-alive, close", b" upgrade ,CLOSE",
+                    b"closed", b"", b",,close,,"],
+}  # fmt: skip
+_NAMES = [
+    b"Content-Type", b"x-request-id", b"Set-Cookie", b"server", b"X_Y", b"~!#$%&'*+.^`|",
+    b"na:me", b"Bad Name", b"", b"n\x00", b" leading", b"\tfold", b"name ", b"\xc3\xa9",
+]  # fmt: skip
+
+
+def _random_case(rng: random.Random, name: bytes) -> bytes:
+    return bytes(c ^ 0x20 if 97 <= c <= 122 and rng.random() < 0.3 else c for c in name)
+
+
+def _random_head(rng: random.Random) -> bytes:
+    """A response head (and what follows it): half of them plain but for their framing
+    headers, the others with what h11 alone must judge mixed in (other versions and
+    statuses, bad bytes, folds, bare LFs or CRs, odd names and values)."""
+    odd = rng.random() < 0.5
+
+    def pick(choices: list[bytes], plain: int) -> bytes:
+        # Odd heads are mostly plain too: one odd thing in a plain head is what tells.
+        return rng.choice(choices if odd and rng.random() < 0.3 else choices[:plain])
+
+    version = pick([b"HTTP/1.1", b"HTTP/1.0", b"HTTP/2.0", b"http/1.1", b"HTTP/11"], 1)
+    status = pick([b"200", b"201", b"204", b"304", b"404", b"429", b"500", b"999", b"100",
+                   b"101", b"199", b"099", b"20", b"2000", b"2x0"], 8)  # fmt: skip
+    reason = pick([b" OK", b"", b" ", b"  OK", b" Not Found", b" ok\tfine", b" caf\xc3\xa9",
+                   b" \x01", b" \x00", b" a\x0bb", b"OK"], 8)  # fmt: skip
+    lines = [version + b" " + status + reason]
+    for _ in range(rng.randrange(0, 9)):
+        if rng.random() < 0.25:
+            name = rng.choice(list(_FRAMING_VALUES))
+            value = pick(_FRAMING_VALUES[name], 3)
+            name = _random_case(rng, name)
+        else:
+            name = pick(_NAMES, 7)
+            value = pick(_HEADER_VALUES, 10)
+        space = rng.choice([b" ", b" ", b"", b"  ", b"\t"])
+        lines.append(name + b":" + space + value)
+    if odd and rng.random() < 0.1:
+        lines.insert(rng.randrange(1, len(lines) + 1), b" folded")
+    ends = [pick([b"\r\n"] * 8 + [b"\n", b"\r"], 1) for _ in range(len(lines) + 1)]
+    head = b"".join(line + end for line, end in zip(lines, ends[:-1], strict=True)) + ends[-1]
+    after = rng.choice([b""] * 3 + [b"2\r\nok\r\n0\r\n\r\n", b"HTTP/1.1 200 OK\r\n\r\n"])
+    whole = head + after
+    if rng.random() < 0.1:
+        whole = whole[: rng.randrange(0, len(whole))]  # not all received yet
+    return whole
+
+
+def _described(
+    event: h11.Response, framing: object, keep_alive: bool, buffer: ReceiveBuffer
+) -> tuple[object, ...]:
+    items = event.headers._full_items
+    return (
+        type(event), event.status_code, event.reason, type(event.reason), event.http_version,
+        items, [tuple(map(type, item)) for item in items], framing, keep_alive,
+        bytes(buffer), buffer._next_line_search, buffer._multiple_lines_search,
+    )  # fmt: skip
+
+
+def _head_by_h11(data: bytes, method: bytes) -> object:
+    buffer = ReceiveBuffer()
+    buffer += data
+    try:
+        event = maybe_read_from_SEND_RESPONSE_server(buffer)
+    except h11.ProtocolError as error:
+        return f"{type(error).__name__}: {error}"
+    if type(event) is not h11.Response:
+        return repr(event)  # more needed, or an informational response
+    return _described(event, _body_framing(method, event), _keep_alive(event), buffer)
+
+
+def _plain_head(data: bytes, method: bytes) -> object:
+    buffer = ReceiveBuffer()
+    buffer += data
+    read = read_plain_head(buffer, method)
+    if read is None:
+        assert bytes(buffer) == data  # left as it was, for h11
+        return None
+    event, kind, args, keep_alive = read
+    return _described(event, (kind, args), keep_alive, buffer)
+
+
+def test_plain_heads_are_read_as_h11_reads_them() -> None:
+    """Whatever the head, the plain reader gives h11's event, framing, keep-alive and
+    leftover bytes, or leaves it to h11; and it does read the plain ones."""
+    rng = random.Random(14)
+    taken = responses = 0
+    for _ in range(6000):
+        data = _random_head(rng)
+        method = rng.choice([b"POST"] * 4 + [b"GET", b"HEAD", b"CONNECT"])
+        by_h11 = _head_by_h11(data, method)
+        responses += type(by_h11) is tuple
+        plain = _plain_head(data, method)
+        if plain is not None:
+            taken += 1
+            assert plain == by_h11, (data, method)
+    assert taken > 1500 and responses > taken + 200  # both routes well exercised
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HTTP/1.1 200 OK\r\ndate: Mon, 01 Jan 2026 00:00:00 GMT\r\n"
+        b"content-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n"
+        b"Connection: keep-alive\r\nmistral-correlation-id: 0199-aa\r\n"
+        b"x-ratelimit-remaining-tokens-minute: 499000\r\nCF-RAY: 8f-CDG\r\n\r\n",
+        b"HTTP/1.1 429 Too Many Requests\r\ncontent-length: 0\r\nretry-after: 2\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\n\r\n",
+        b"HTTP/1.1 204\r\ncontent-length: 9\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok",
+    ],
+    ids=["mistral-like", "429", "no-headers", "no-reason", "close"],
+)
+@pytest.mark.parametrize("method", [b"POST", b"HEAD"])
+def test_the_heads_servers_send_are_read_plain_and_as_h11_reads_them(
+    head: bytes, method: bytes
+) -> None:
+    plain = _plain_head(head, method)
+    assert plain is not None
+    assert plain == _head_by_h11(head, method)
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 2\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ntransfer-encoding: chunked\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 1" + b"0" * 20 + b"\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nx: 1\r\n y\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nx: 1\n\r\n",
+        b"HTTP/1.1 200 OK\r\nx : 1\r\n\r\n",
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n\r\n",
+        b"HTTP/1.0 200 OK\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n",
+    ],
+    ids=["two-lengths", "both-framings", "long-length", "gzip", "fold", "bare-lf", "space-colon",
+         "continue", "http10", "unfinished"],
+)  # fmt: skip
+def test_heads_out_of_the_plain_are_left_to_h11(head: bytes) -> None:
+    assert _plain_head(head, b"POST") is None
+
+
+async def test_a_provider_reply_head_is_read_without_h11s_head_reader(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reply = b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 2\r\n\r\nok"
+
+    async def handler(stream: trio.abc.Stream) -> None:
+        buffer = bytearray()
+        while await read_head(stream, buffer):
+            await stream.send_all(reply)
+
+    def refuse(buffer: ReceiveBuffer) -> object:
+        raise AssertionError("h11's head reader was called")
+
+    monkeypatch.setattr(
+        "harness.providers.http11.maybe_read_from_SEND_RESPONSE_server", refuse
+    )
+    async with serve(handler) as (root, accepted), client(H11Transport()) as http:
+        for _ in range(3):
+            response = await http.get(root)
+            assert (response.status_code, response.text) == (200, "ok")
+            assert response.headers["content-type"] == "text/plain"
+    assert len(accepted) == 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import random
 import re
 from collections.abc import AsyncIterator
 from typing import Any
@@ -37,7 +39,7 @@ from harness.providers.errors import (
 )
 from harness.providers.mistral import MistralProvider, chat_url, mistral_tool_call_id
 from harness.providers.pricing import Price, PriceTable
-from harness.providers.sse import aiter_sse_data, retry_after
+from harness.providers.sse import SSEDecoder, aiter_sse_data, retry_after
 from harness.providers.wire import SystemText
 
 USAGE = {"prompt_tokens": 1200, "completion_tokens": 300, "total_tokens": 1500}
@@ -468,6 +470,61 @@ async def test_sse_framing() -> None:
 async def test_sse_cut_last_line_is_dropped() -> None:
     got = [d async for d in aiter_sse_data(_chunks(b"data: whole\n", b"data: {cut"))]
     assert got == ["whole"]
+
+
+def _reference_sse(body: bytes) -> list[str]:
+    """The data payloads of a whole body, read line by line as the SSE spec says (CRLF,
+    CR or LF end a line); an unterminated last line is a cut, not data."""
+    lines = re.split(rb"\r\n|\r|\n", body)[:-1]
+    out: list[str] = []
+    data: list[str] = []
+    for line in lines:
+        if not line:
+            if data:
+                payload, data = "\n".join(data), []
+                if payload == "[DONE]":
+                    return out
+                out.append(payload)
+            continue
+        name, _, value = line.partition(b":")
+        if name == b"data":  # a comment (":...") has no name
+            data.append(value.removeprefix(b" ").decode("utf-8", "replace"))
+    payload = "\n".join(data)
+    if data and payload != "[DONE]":
+        out.append(payload)
+    return out
+
+
+def _random_sse(rng: random.Random) -> bytes:
+    values = [b'{"a": 1}', b"", b" two spaces", "caf\u00e9 \u2028 line".encode(), b"x: y",
+              b"\xff\xfe", b"[DONE]", b"[DONE] not", b"data: nested"]  # fmt: skip
+    lines: list[bytes] = []
+    for _ in range(rng.randrange(0, 8)):
+        for _ in range(rng.choice([1, 1, 1, 2, 3])):
+            lines.append(rng.choice([b"data: ", b"data: ", b"data:", b"data"]) + rng.choice(values))
+        if rng.random() < 0.2:
+            lines.append(rng.choice([b": keep-alive", b"event: message", b"id: 7", b"retry: 1",
+                                     b"dat: a", b"data : a", b"DATA: a"]))  # fmt: skip
+        lines.append(b"")
+    ends = [rng.choice([b"\n"] * 6 + [b"\r\n", b"\r"]) for _ in lines]
+    body = b"".join(line + end for line, end in zip(lines, ends, strict=True))
+    if rng.random() < 0.3:
+        body += rng.choice([b"data: cut", b"data: [DONE]", b"data: last\r", b"\r"])
+    return body
+
+
+def test_sse_decoding_however_the_body_is_cut_is_the_spec_s() -> None:
+    rng = random.Random(14)
+    for _ in range(3000):
+        body = _random_sse(rng)
+        places = range(1, len(body))
+        cuts = sorted(rng.sample(places, min(len(places), rng.randrange(0, 6))))
+        decoder = SSEDecoder()
+        got: list[str] = []
+        for start, stop in itertools.pairwise([0, *cuts, len(body)]):
+            got += decoder.feed(body[start:stop])
+        got += decoder.end()
+        assert got == _reference_sse(body), (body, cuts)
 
 
 # --- the SDK surface this module relies on (mistralai pinned at 3.7.0) -------------------

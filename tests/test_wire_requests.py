@@ -175,8 +175,10 @@ def test_cached_bodies_are_the_bytes_of_encoding_the_whole_request(provider: Any
     # A pruned view replaces an old tool output, then the full view comes back.
     pruned = (*HISTORY[:2], ToolResult("cal_0001xyz", "read", "[pruned]"), *HISTORY[3:])
     requests += [ProviderRequest("devstral", ("s",), pruned, TOOLS), requests[-1]]
-    for request in requests:
-        assert cache.body(request) == provider.encode_request(request)
+    for index, request in enumerate(requests):
+        expected = provider.encode_request(request)
+        # Every other request as the providers take it: in parts, joined by the socket.
+        assert (b"".join(cache.parts(request)) if index % 2 else cache.body(request)) == expected
         if provider is mistral:
             ChatCompletionStreamRequest.model_validate_json(cache.body(request))
 

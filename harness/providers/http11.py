@@ -13,7 +13,9 @@ and drops the layers:
   writers, readers and framing rules are called directly, without ``h11.Connection``'s
   state machine (see ``_response``); CONNECT and Upgrade, which only that machine
   handles, are refused, and a connection with bytes left over after a response is not
-  used again;
+  used again. The plain cases every reply is made of (a head received whole, a body's
+  whole chunks) are read by hand to h11's results (``read_plain_head``,
+  ``take_whole_chunks``, each held to h11 by a differential test), the rest by h11;
 - the same errors: httpx's exception types (``ConnectError``, ``ConnectTimeout``,
   ``ReadTimeout``, ``WriteTimeout``, ``ReadError``, ``RemoteProtocolError``…), raised
   where httpcore raised their httpcore twins, and the ``connect``/``read``/``write``
@@ -26,8 +28,9 @@ and drops the layers:
   verified context then (httpcore's behaviour too).
 
 Plain TCP is driven on the socket itself (``_SocketConnection``: Trio's waits only when
-the kernel says wait), TLS through a Trio stream; each wait runs in one plain
-``trio.CancelScope`` with the timeout as its deadline. A response body is handed to
+the kernel says wait), TLS through a Trio stream. A read's timeout is kept by one task
+of the run for every waiting connection (``_ReadDeadlines``), a connect's or a write's
+by a ``trio.CancelScope`` with the timeout as its deadline. A response body is handed to
 httpx in the pieces the socket delivers (the events one read completes, joined), not one
 piece per chunk of the chunked encoding. Concurrent requests of one client each take a
 connection of their own.
@@ -51,7 +54,7 @@ import trio
 
 # h11's own parsers and writers, without its Connection's state machine (see _response).
 from h11._connection import _body_framing, _keep_alive
-from h11._headers import get_comma_header
+from h11._headers import Headers, get_comma_header
 from h11._readers import (
     ChunkedReader,
     ContentLengthReader,
@@ -98,23 +101,102 @@ _BODY_READERS: dict[str, Any] = {
 _BODY_WRITERS: dict[str, Any] = {"chunked": ChunkedWriter, "content-length": ContentLengthWriter}
 
 
+class _ReadDeadlines:
+    """The read timeouts of one run's waiting connections, kept by one task of the run.
+
+    A cancel scope around each wait cost more than the wait's own round of the scheduler
+    (~57k instructions: its cancel status, its deadline registered and removed, each
+    through a context manager), and a provider's reply waits at least once a step, once
+    a chunk from a real model (issue 14). Here a wait puts its deadline in ``waits``; one
+    system task sleeps until the soonest deadline it knows of, and wakes a wait whose
+    deadline has passed with ``notify_closing``: the wait ends in ``ClosedResourceError``,
+    which its reader makes a ``ReadTimeout`` (the connection is then closed, as after any
+    timeout). Each wait's deadline is usually later than the one before (the same timeout,
+    later), so the task's sleep is moved only when it is not: at the first wait, after an
+    idle spell, or for a shorter timeout.
+    """
+
+    __slots__ = ("_scope", "_wake_at", "waits")
+
+    def __init__(self) -> None:
+        self.waits: dict[_Connection, float] = {}
+        self._wake_at = math.inf  # when the task wakes next
+        self._scope: trio.CancelScope | None = None  # the task's sleep
+
+    def arm(self, connection: _Connection, deadline: float) -> None:
+        connection.timed_out = False
+        self.waits[connection] = deadline
+        if deadline < self._wake_at:
+            self._wake_at = deadline
+            if self._scope is not None:
+                self._scope.deadline = deadline
+
+    async def watch(self) -> None:
+        while True:
+            with trio.CancelScope(deadline=self._wake_at) as scope:
+                self._scope = scope
+                await trio.sleep_forever()
+            self._scope = None
+            now = trio.current_time()
+            soonest = math.inf
+            for connection, deadline in list(self.waits.items()):
+                if deadline <= now:
+                    del self.waits[connection]
+                    connection.timed_out = True
+                    connection.wake()
+                elif deadline < soonest:
+                    soonest = deadline
+            self._wake_at = soonest
+
+
+_DEADLINES: trio.lowlevel.RunVar[_ReadDeadlines] = trio.lowlevel.RunVar("harness_read_deadlines")
+
+
+def _read_deadlines() -> _ReadDeadlines | None:
+    """The run's ``_ReadDeadlines``, its task started with the first wait; None when no
+    task can be started (the run is ending): the wait then takes a cancel scope."""
+    try:
+        return _DEADLINES.get()
+    except LookupError:
+        deadlines = _ReadDeadlines()
+        try:
+            trio.lowlevel.spawn_system_task(deadlines.watch, name="harness.http11 read deadlines")
+        except RuntimeError:
+            return None
+        _DEADLINES.set(deadlines)
+        return deadlines
+
+
 class _Connection:
     """One connection, what it has received and not yet parsed, and whether it may carry
     another exchange (see the two kinds below)."""
 
-    __slots__ = ("buffer", "expires", "origin", "reusable")
+    __slots__ = ("buffer", "expires", "origin", "reusable", "timed_out")
 
     def __init__(self, origin: _Origin) -> None:
         self.origin = origin
         self.buffer = ReceiveBuffer()
         self.reusable = False  # set when an exchange ends cleanly and both sides keep it
         self.expires = 0.0
+        self.timed_out = False  # its wait's deadline passed (``_ReadDeadlines``)
+
+    def wake(self) -> None:
+        """End the read waiting on the socket (``_ReadDeadlines``) with ``ClosedResourceError``."""
+        raise NotImplementedError
 
     async def write(self, data: bytes, seconds: float | None) -> None:
         raise NotImplementedError
 
+    async def write_parts(self, parts: list[bytes | bytearray], seconds: float | None) -> None:
+        """``write`` of the parts joined (a head and a body)."""
+        await self.write(b"".join(parts), seconds)
+
     async def read(self, seconds: float | None) -> bytes:
         raise NotImplementedError
+
+    async def read_when_ready(self, seconds: float | None) -> bytes:
+        """``read``, for a read that is sure to wait: a reply's first, after its request."""
+        return await self.read(seconds)
 
     async def close(self) -> None:
         """Close at once (no TLS close_notify wait), whatever the cancellation state."""
@@ -163,6 +245,20 @@ class _StreamConnection(_Connection):
             raise httpx.WriteTimeout("timed out writing the request")
 
     async def read(self, seconds: float | None) -> bytes:
+        if seconds is None or (deadlines := _read_deadlines()) is None:
+            return await self._read_in_scope(seconds)
+        deadlines.arm(self, trio.current_time() + seconds)
+        try:
+            data = await self.stream.receive_some(READ_SIZE)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            if self.timed_out:
+                raise httpx.ReadTimeout("timed out reading the response") from None
+            raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
+        finally:
+            deadlines.waits.pop(self, None)
+        return data if type(data) is bytes else bytes(data)
+
+    async def _read_in_scope(self, seconds: float | None) -> bytes:
         with trio.CancelScope(deadline=_deadline(seconds)) as scope:
             try:
                 data = await self.stream.receive_some(READ_SIZE)
@@ -172,6 +268,10 @@ class _StreamConnection(_Connection):
         if scope.cancelled_caught:
             raise httpx.ReadTimeout("timed out reading the response")
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def wake(self) -> None:
+        if self.socket.fileno() != -1:
+            trio.lowlevel.notify_closing(self.socket)
 
     async def close(self) -> None:
         await trio.aclose_forcefully(self.stream)
@@ -206,6 +306,24 @@ class _SocketConnection(_Connection):
 
     async def write(self, data: bytes, seconds: float | None) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()
+        await self._send(data, seconds)
+
+    async def write_parts(self, parts: list[bytes | bytearray], seconds: float | None) -> None:
+        """The parts in one ``sendmsg``, the kernel gathering them: a request's head and
+        body are not joined into one more copy of the body (the whole history, each
+        step). What the socket does not take at once is joined and sent as ``write``
+        sends."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            sent = self.sock.sendmsg(parts)
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:  # a reset, a closed socket
+            raise httpx.WriteError(str(exc) or type(exc).__name__) from exc
+        if sent < sum(map(len, parts)):
+            await self._send(b"".join(parts)[sent:], seconds)
+
+    async def _send(self, data: bytes, seconds: float | None) -> None:
         sock = self.sock
         view = memoryview(data)
         deadline: float | None = None
@@ -239,18 +357,40 @@ class _SocketConnection(_Connection):
         else:
             await trio.lowlevel.cancel_shielded_checkpoint()  # fair: yield once anyway
             return data
-        with trio.CancelScope(deadline=_deadline(seconds)) as scope:
-            while True:
-                await trio.lowlevel.wait_readable(sock)
-                try:
-                    return sock.recv(READ_SIZE)
-                except BlockingIOError:
-                    continue  # woken for nothing
-                except OSError as exc:
-                    raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
-        if scope.cancelled_caught:
-            raise httpx.ReadTimeout("timed out reading the response")
-        raise AssertionError("unreachable")  # pragma: no cover
+        return await self.read_when_ready(seconds)
+
+    async def read_when_ready(self, seconds: float | None) -> bytes:
+        """Wait until the socket is readable, then read: without ``read``'s try first,
+        which finds nothing after a request is sent (the server has yet to answer) at the
+        cost of an exception (~9k instructions). The wait is the checkpoint."""
+        if seconds is None or (deadlines := _read_deadlines()) is None:
+            with trio.CancelScope(deadline=_deadline(seconds)):
+                return await self._wait_and_read()
+            raise httpx.ReadTimeout("timed out reading the response")  # the scope's deadline
+        deadlines.arm(self, trio.current_time() + seconds)
+        try:
+            return await self._wait_and_read()
+        except trio.ClosedResourceError:
+            if self.timed_out:
+                raise httpx.ReadTimeout("timed out reading the response") from None
+            raise  # closed by another task, as before
+        finally:
+            deadlines.waits.pop(self, None)
+
+    async def _wait_and_read(self) -> bytes:
+        sock = self.sock
+        while True:
+            await trio.lowlevel.wait_readable(sock)
+            try:
+                return sock.recv(READ_SIZE)
+            except BlockingIOError:
+                continue  # woken for nothing
+            except OSError as exc:
+                raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
+
+    def wake(self) -> None:
+        if self.sock.fileno() != -1:
+            trio.lowlevel.notify_closing(self.sock)
 
     async def close(self) -> None:
         self.drop()
@@ -332,10 +472,11 @@ class H11Transport(httpx.AsyncBaseTransport):
             request.extensions.get("sni_hostname"),
         )
 
-    async def post(self, prepared: PreparedPost, content: bytes) -> DirectResponse:
-        """POST ``content`` with the head ``prepared`` says: the bytes that
-        ``handle_async_request`` writes for the same request, and its response's head
-        read the same way, without an ``httpx.Request`` or ``httpx.Response`` made.
+    async def post(self, prepared: PreparedPost, *content: bytes | bytearray) -> DirectResponse:
+        """POST the body ``content`` (its parts, in order) with the head ``prepared`` says:
+        the bytes that ``handle_async_request`` writes for the same request, and its
+        response's head read the same way, without an ``httpx.Request`` or
+        ``httpx.Response`` made, nor the body's parts joined (``write_parts``).
 
         httpx's models cost a provider's every step ~25 µs of Python: the request's
         headers merged and normalised, the response's headers wrapped, both objects built,
@@ -345,10 +486,11 @@ class H11Transport(httpx.AsyncBaseTransport):
             raise RuntimeError("the transport has been closed")
         connection = await self._connection(prepared.origin, prepared.connect, prepared.sni)
         try:
-            data = b"".join((prepared.before, b"%d" % len(content), prepared.after, content))
+            length = sum(map(len, content))
+            parts = [prepared.before, b"%d" % length, prepared.after, *content]
             keep_alive = prepared.keep_alive
             try:
-                await connection.write(data, prepared.write)
+                await connection.write_parts(parts, prepared.write)
             except httpx.WriteError:
                 keep_alive = False  # as _send_request: the answer is read all the same
             return await self._response(connection, b"POST", keep_alive, prepared.read)
@@ -367,7 +509,7 @@ class H11Transport(httpx.AsyncBaseTransport):
     async def _response(
         self, connection: _Connection, method: bytes, keep_alive: bool, read_timeout: float | None
     ) -> DirectResponse:
-        """The head of the response to the request just written, through h11's readers.
+        """The head of the response to the request just written, read as h11 reads it.
 
         h11's ``Connection`` runs every event through its state machine (both sides'
         states, keep-alive, protocol switches): ~45 µs of a provider request's ~75 µs of
@@ -376,9 +518,31 @@ class H11Transport(httpx.AsyncBaseTransport):
         (``h11.Request``, its framing and its writers: a body longer or shorter than
         declared still fails) and parses the response (its status-line, header, chunked
         and Content-Length readers, its framing and keep-alive rules, the size limit of
-        an incomplete event), and the bookkeeping is this transport's.
+        an incomplete event), and the bookkeeping is this transport's. A plain head that
+        came whole with the first read is read by ``read_plain_head``, to h11's results.
         """
         connection.reusable = False
+        buffer = connection.buffer
+        if not buffer:
+            # Nothing of the answer yet, as after every request: wait for it first.
+            received = await connection.read_when_ready(read_timeout)
+            if not received:
+                raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+            buffer += received
+        plain = read_plain_head(buffer, method) if _WHOLE_CHUNKS else None
+        if plain is not None:
+            response, kind, args, head_keeps = plain
+        else:
+            response = await self._h11_head(connection, read_timeout)
+            kind, args = _body_framing(method, response)
+            head_keeps = _keep_alive(response)
+        keep_alive = keep_alive and head_keeps
+        body = ResponseBody(self, connection, _BODY_READERS[kind](*args), keep_alive, read_timeout)
+        return DirectResponse(response, body)
+
+    async def _h11_head(self, connection: _Connection, read_timeout: float | None) -> h11.Response:
+        """The response head through h11's reader, however it comes: in pieces, after
+        informational responses, or malformed (then h11's error)."""
         while True:
             response = connection.parse(maybe_read_from_SEND_RESPONSE_server)
             if response is None:
@@ -390,14 +554,10 @@ class H11Transport(httpx.AsyncBaseTransport):
                 connection.buffer += received
                 continue
             if type(response) is h11.Response:
-                break
+                return response
             if response.status_code == 101:
                 raise httpx.RemoteProtocolError("the server switched protocols (101)")
             # 100 Continue and friends: the answer is still to come.
-        kind, args = _body_framing(method, response)
-        keep_alive = keep_alive and _keep_alive(response)
-        body = ResponseBody(self, connection, _BODY_READERS[kind](*args), keep_alive, read_timeout)
-        return DirectResponse(response, body)
 
     async def _send_request(
         self, connection: _Connection, request: httpx.Request, seconds: float | None
@@ -739,6 +899,85 @@ def _h11_internals_as_known() -> bool:
 
 
 _WHOLE_CHUNKS = _h11_internals_as_known()
+
+# A response head as servers send it: HTTP/1.1, a status (2xx and up) and its reason, then
+# lines of a token, a colon and a value, CRLF throughout, the blank line. The classes are
+# h11's own grammar (``_abnf``): a reason or a value is any bytes but NUL, CR, LF, FF and
+# VT (its \s), and a value's spaces and tabs at either end are not its own. No CR or LF
+# inside a line, and a name (a token) first on each: so the head ends where h11's search
+# for a blank line ends it, and there is no obs-fold to undo.
+_PLAIN_HEAD = re.compile(
+    rb"HTTP/1\.1 ([0-9]{3})(?: ([^\x00\n\r\f\v]*))?\r\n"
+    rb"((?:[-!#$%&'*+.^_`|~0-9A-Za-z]+:[^\x00\n\r\f\v]*\r\n)*)\r\n"
+)
+_CONTENT_LENGTH_DIGITS = 20  # h11's CONTENT_LENGTH_MAX_DIGITS
+
+
+def read_plain_head(
+    buffer: ReceiveBuffer, method: bytes
+) -> tuple[h11.Response, str, tuple[int] | tuple[()], bool] | None:
+    """The response head at the start of ``buffer``, read as h11 reads it, when it is a
+    plain one (``_PLAIN_HEAD``) with plain framing: the ``h11.Response``, the body's
+    framing (``_body_framing``'s kind and arguments) and whether the response lets the
+    connection be kept (``_keep_alive``); the head is taken from the buffer.
+
+    h11's status-line and header readers, its header normalisation and its framing and
+    keep-alive rules are ~60 Python calls for the head every reply has (issue 14). None,
+    the buffer untouched, for anything else: a head not all received, HTTP/1.0, 1xx, an
+    obs-fold or a bare LF, a byte h11 refuses, a Content-Length other than one run of
+    digits, a Transfer-Encoding other than one ``chunked``, both of them; h11 then reads,
+    accepts or refuses it as before (a test holds the two to the same results).
+    """
+    data = buffer._data
+    match = _PLAIN_HEAD.match(data)
+    if match is None:
+        return None
+    code, reason, block = match.groups()
+    status = int(code)
+    if status < 200:
+        return None  # informational, or a protocol switch: h11's
+    items: list[tuple[bytes, bytes, bytes]] = []
+    length: bytes | None = None
+    chunked = False
+    keep_alive = True
+    for line in block.split(b"\r\n")[:-1]:
+        raw_name, _, value = line.partition(b":")
+        value = value.strip(b" \t")
+        name = raw_name.lower()
+        if name == b"content-length":
+            if length is not None or not value.isdigit() or len(value) > _CONTENT_LENGTH_DIGITS:
+                return None  # several, a list, or not a number: h11 judges
+            length = value
+        elif name == b"transfer-encoding":
+            value = value.lower()
+            if chunked or value != b"chunked":
+                return None
+            chunked = True
+        elif name == b"connection" and keep_alive:
+            keep_alive = b"close" not in [word.strip() for word in value.lower().split(b",")]
+        items.append((raw_name, name, value))
+    if chunked and length is not None:
+        return None  # both: h11's rule (Transfer-Encoding wins), read by h11
+    args: tuple[int] | tuple[()]
+    if status in (204, 304) or method == b"HEAD" or (method == b"CONNECT" and status < 300):
+        kind, args = "content-length", (0,)
+    elif chunked:
+        kind, args = "chunked", ()
+    elif length is not None:
+        kind, args = "content-length", (int(length),)
+    else:
+        kind, args = "http/1.0", ()
+    del data[: match.end()]
+    buffer._next_line_search = 0  # as ReceiveBuffer._extract leaves them
+    buffer._multiple_lines_search = 0
+    head = h11.Response(
+        headers=Headers(items),
+        status_code=status,
+        reason=b"" if reason is None else reason,
+        http_version=b"1.1",
+        _parsed=True,
+    )
+    return head, kind, args, keep_alive
 
 
 def take_whole_chunks(

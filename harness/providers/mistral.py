@@ -354,7 +354,10 @@ def tokens_of(usage: UsageInfo | None) -> Tokens:
 
 def _parse_chunk(data: str) -> CompletionChunk:
     try:
-        return chunk_model().model_validate_json(data)
+        # The model's own validator, called as ``model_validate_json`` calls it (every
+        # option at its default), without that method's frame around it.
+        chunk: CompletionChunk = chunk_model().__pydantic_validator__.validate_json(data)
+        return chunk
     except pydantic.ValidationError as exc:
         err = _stream_error(data)
         if err is not None:

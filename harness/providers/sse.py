@@ -78,15 +78,35 @@ class SSEDecoder:
         out: list[str] = []
         if not chunk or self.done:
             return out
-        parts = _EOL.split(self._pending + chunk if self._pending else chunk)
-        pending = parts.pop()
-        # A CR that ends a read may be the first half of a CRLF split across reads.
-        if pending == b"" and chunk.endswith(b"\r"):
-            pending = parts.pop() + b"\r"
+        data = self._pending + chunk if self._pending else chunk
+        if b"\r" in data:
+            parts = _EOL.split(data)
+            pending = parts.pop()
+            # A CR that ends a read may be the first half of a CRLF split across reads.
+            if pending == b"" and chunk.endswith(b"\r"):
+                pending = parts.pop() + b"\r"
+        else:
+            # LF alone, as the chat APIs send it: a plain split, not the regex's scan.
+            parts = data.split(b"\n")
+            pending = parts.pop()
         self._pending = pending
+        lines = self._data
         for line in parts:
-            if self._line(line, out):
-                break
+            # The two lines every event is made of, taken here; any other is _line's.
+            if line[:5] == b"data:":
+                value = line[6:] if line[5:6] == b" " else line[5:]
+                lines.append(value.decode("utf-8", "replace"))
+            elif line or not lines:
+                if self._line(line, out):
+                    break
+                lines = self._data
+            else:
+                payload = "\n".join(lines)
+                lines.clear()
+                if payload == DONE:
+                    self.done = True
+                    break
+                out.append(payload)
         return out
 
     def end(self) -> list[str]:
@@ -144,30 +164,30 @@ class SSEData:
     step of the stream; a provider reads one of these per request.
     """
 
-    __slots__ = ("_chunks", "_decoder", "_ended", "_ready")
+    __slots__ = ("_chunks", "_decoder", "_ended", "ready")
 
     def __init__(self, chunks: AsyncIterable[bytes]) -> None:
         self._chunks = aiter(chunks)
         self._decoder = SSEDecoder()
-        self._ready: collections.deque[str] = collections.deque()
+        self.ready: collections.deque[str] = collections.deque()  # decoded, not yet taken
         self._ended = False  # the body is read to its end, or left
 
     def __aiter__(self) -> SSEData:
         return self
 
     async def __anext__(self) -> str:
-        if not self._ready and not await self.more():
+        if not self.ready and not await self.more():
             raise StopAsyncIteration
-        return self._ready.popleft()
+        return self.ready.popleft()
 
     def take(self) -> str | None:
         """The next payload already decoded, if any (``more`` reads on)."""
-        ready = self._ready
+        ready = self.ready
         return ready.popleft() if ready else None
 
     async def more(self) -> bool:
         """Read until a payload is ready; False when none ever will be (the body is over)."""
-        ready = self._ready
+        ready = self.ready
         decoder = self._decoder
         while not ready:
             if self._ended:
@@ -201,7 +221,7 @@ class SSEData:
     def stop(self) -> None:
         """``aclose``, for an owner that closes it as it closes the response."""
         self._ended = True
-        self._ready.clear()
+        self.ready.clear()
 
 
 def aiter_sse_data(chunks: AsyncIterable[bytes]) -> SSEData:
@@ -462,8 +482,9 @@ class PostTemplate:
         self._direct: H11Transport | None = None
         self._prepared: PreparedPost | None = None
 
-    async def open(self, body: bytes) -> httpx.Response | DirectResponse:
-        """POST ``body`` as ``send`` does; the response's body is still to be read.
+    async def open(self, *body: bytes | bytearray) -> httpx.Response | DirectResponse:
+        """POST ``body`` (its parts, in order) as ``send`` does; the response's body is
+        still to be read.
 
         Through the direct transport (see ``send``), once the first request has shown
         what every request is, the POST goes to its ``post``: the same bytes on the wire,
@@ -476,14 +497,16 @@ class PostTemplate:
         client = self.client
         prepared = self._prepared
         transport = self._direct
-        if prepared is None or transport is None or not body or client.is_closed:
-            return await self.send(body)
+        if prepared is None or transport is None or not any(body) or client.is_closed:
+            return await self.send(b"".join(body))
         if client.cookies:
-            return await self.send(body)
-        reply = await transport.post(prepared, body)
+            return await self.send(b"".join(body))
+        # The parts go to the socket as they are (``H11Transport.post``): the whole
+        # history, each step, is not copied once more into one bytes.
+        reply = await transport.post(prepared, *body)
         if not reply.plain():
             response = reply.to_httpx()
-            response.request = self.request(body)
+            response.request = self.request(b"".join(body))
             client.cookies.extract_cookies(response)
             self._log(response.http_version, response.status_code, response.reason_phrase)
             return response
@@ -608,13 +631,13 @@ class ChatEvents(EventStream):
         if self._over:
             raise StopAsyncIteration
         data = self._data
+        payloads = data.ready  # taken from here: a call of data.take() per payload less
         ready = self._ready
         try:
             while not ready:
-                payload = data.take()
-                if payload is not None:
+                if payloads:
                     try:
-                        self.take(payload)
+                        self.take(payloads.popleft())
                     except ProviderError as error:
                         if not ready:
                             raise
@@ -720,9 +743,9 @@ class ChatStream:
         self._events: ChatEvents | None = None
 
     async def __aenter__(self) -> ChatEvents:
-        body = self._requests.body(self._request)
+        body = self._requests.parts(self._request)
         try:
-            response = await self._post.open(body)
+            response = await self._post.open(*body)
         except (httpx.TransportError, httpx.InvalidURL) as exc:
             raise error_for_transport(self._provider, exc) from exc
         try:

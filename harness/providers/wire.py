@@ -108,6 +108,15 @@ class WireCache:
         self.encoded = 0  # messages encoded so far: what a test can hold flat
 
     def body(self, request: ProviderRequest) -> bytes:
+        return b"".join(self.parts(request))
+
+    def parts(self, request: ProviderRequest) -> tuple[bytes, bytearray, bytes]:
+        """``body``'s bytes before they are joined: the envelope's head, the messages'
+        fragments joined, the envelope's tail. A provider sends them as they are (one
+        ``sendmsg``) rather than copy the whole history once more each step. The middle
+        part is the cache's own join, which the next request's ``parts`` or ``body``
+        extends in place: send it (or copy it) before asking for another.
+        """
         envelope = self._envelope(request)
         messages: list[WireMessage] = []
         system = self._system_of(request)
@@ -133,7 +142,7 @@ class WireCache:
             if len(self._by_value) > 2 * len(messages) + 16:
                 self._by_value = dict(self._by_identity.values())
         self._last, self._last_ids, self._last_joined = messages, ids, joined
-        return b"".join((envelope.head, joined, envelope.tail))
+        return envelope.head, joined, envelope.tail
 
     def _fragments(
         self,
